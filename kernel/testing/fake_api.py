@@ -1,0 +1,720 @@
+"""A scriptable fake of the Anthropic Messages API, served over real HTTP on loopback.
+
+Tests point the real ``anthropic`` client at it, so the SDK's own transport, SSE
+decoder, stream accumulator and retry loop run exactly as in production::
+
+    with FakeAnthropic() as fake:
+        fake.script(
+            http_error(429, retry_after=0.05),
+            reply(Thinking("hmm", signature="sig"), Text("Hello"), ToolUse("search", {"q": "x"})),
+        )
+        client = anthropic.AsyncAnthropic(base_url=fake.base_url, api_key="test")
+        ...
+        assert fake.requests[0].body["messages"] == [...]
+
+Script API (each ``POST /v1/messages`` pops the next response, in order):
+
+- ``reply(*blocks, stop_reason=None, input_tokens=..., output_tokens=None, ...)``: a message of
+  ``Text``, ``Thinking`` and ``ToolUse`` blocks. Served as a faithful SSE stream when the
+  request has ``"stream": true`` and as a JSON message otherwise. Each block's ``deltas``
+  sets how many ``*_delta`` events its content is split into.
+- ``http_error(status, message=None, *, error_type=None, retry_after=None, should_retry=None)``:
+  a non-2xx response with the real ``{"type": "error", "error": {...}}`` body.
+- ``stream_error(reply, at, error_type="overloaded_error")``: a 200 stream that sends an
+  ``event: error`` at ``at`` and then ends.
+- ``cut_off(reply, at, reset=False)``: a 200 stream whose TCP connection is dropped at ``at``
+  without finishing the chunked body (FIN, or RST when ``reset``).
+- ``clean_end(reply, at)``: a 200 stream whose HTTP body ends properly at ``at``, before
+  ``message_stop``.
+- ``held(response, delay=0.0, release=None)``: serve ``response`` only after ``delay`` seconds
+  and once ``release`` (a ``threading.Event``) is set.
+
+``at`` is either an ``int`` (how many events of the full stream are sent) or an event name
+(the stream stops just before the first event of that name); ``event_names(reply)`` lists
+the full stream's event names, pings included.
+
+Every request is recorded in ``fake.requests`` (``RecordedRequest``: parsed JSON body,
+lower-cased headers, arrival time, and what was served). Running out of script answers 500
+``api_error`` with ``x-should-retry: false`` (so the SDK fails fast instead of retrying into
+the same hole) and a message saying the script is exhausted. ``fake.request_count`` and
+``fake.remaining`` (responses not yet served) are counters; ``wait_for_requests(n, timeout)``
+(or ``await wait_for_requests_async(n, timeout)``) blocks until ``n`` requests have arrived,
+recorded on arrival, before their response is sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import struct
+import threading
+import time
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import TracebackType
+from typing import Any, Literal, Self, cast
+from urllib.parse import urlsplit
+
+__all__ = [
+    "ErrorReply",
+    "FakeAnthropic",
+    "Held",
+    "RecordedRequest",
+    "Reply",
+    "Response",
+    "StreamReply",
+    "Text",
+    "Thinking",
+    "ToolUse",
+    "clean_end",
+    "cut_off",
+    "event_names",
+    "held",
+    "http_error",
+    "reply",
+    "stream_error",
+]
+
+JSONObject = dict[str, Any]
+StopReason = Literal["end_turn", "max_tokens", "stop_sequence", "tool_use", "pause_turn", "refusal"]
+
+MESSAGES_PATH = "/v1/messages"
+
+# The error `type` the real API pairs with each status, used when a test gives none.
+DEFAULT_ERROR_TYPES: Mapping[int, str] = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    402: "billing_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    504: "timeout_error",
+    529: "overloaded_error",
+}
+
+
+# --- content blocks -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Text:
+    text: str
+    deltas: int = 2
+
+
+@dataclass(frozen=True)
+class Thinking:
+    thinking: str
+    signature: str = "fake-signature"
+    deltas: int = 2
+
+
+@dataclass(frozen=True)
+class ToolUse:
+    name: str
+    input: JSONObject
+    id: str | None = None  # None: "toolu_fake_<request>_<block>", stable per run
+    deltas: int = 3
+
+
+Block = Text | Thinking | ToolUse
+
+
+# --- responses ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A complete message; served as SSE or JSON depending on the request's ``stream``."""
+
+    content: tuple[Block, ...]
+    stop_reason: StopReason
+    input_tokens: int
+    output_tokens: int
+    cache_creation_input_tokens: int
+    cache_read_input_tokens: int
+    model: str | None  # None echoes the request's model, as the real API does
+    id: str | None  # None: "msg_fake_<request>"
+    ping_every: int  # an extra ping after every N deltas; 0 for only the usual first one
+
+
+@dataclass(frozen=True)
+class ErrorReply:
+    status: int
+    error_type: str
+    message: str
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class StreamReply:
+    """A 200 SSE stream of ``reply`` that stops after ``stop`` events, then ends as ``ending``."""
+
+    reply: Reply
+    stop: int
+    ending: Literal["error", "clean", "fin", "reset"]
+    error_type: str = "overloaded_error"
+    error_message: str = "Overloaded"
+
+
+@dataclass(frozen=True)
+class Held:
+    response: Response
+    delay: float = 0.0
+    release: threading.Event | None = None
+
+
+Response = Reply | ErrorReply | StreamReply | Held
+
+
+def reply(
+    *content: Block,
+    stop_reason: StopReason | None = None,
+    input_tokens: int = 10,
+    output_tokens: int | None = None,
+    cache_creation_input_tokens: int = 0,
+    cache_read_input_tokens: int = 0,
+    model: str | None = None,
+    id: str | None = None,
+    ping_every: int = 3,
+) -> Reply:
+    """A message; ``stop_reason`` defaults to ``tool_use`` if it calls a tool, else ``end_turn``."""
+    if stop_reason is None:
+        stop_reason = "tool_use" if any(isinstance(b, ToolUse) for b in content) else "end_turn"
+    if output_tokens is None:
+        # Roughly four characters a token: only needs to be stable and non-zero.
+        chars = sum(len(_block_payload(b)) for b in content)
+        output_tokens = max(1, chars // 4)
+    return Reply(
+        content=content,
+        stop_reason=stop_reason,
+        input_tokens=input_tokens,
+        output_tokens=output_tokens,
+        cache_creation_input_tokens=cache_creation_input_tokens,
+        cache_read_input_tokens=cache_read_input_tokens,
+        model=model,
+        id=id,
+        ping_every=ping_every,
+    )
+
+
+def http_error(
+    status: int,
+    message: str | None = None,
+    *,
+    error_type: str | None = None,
+    retry_after: float | None = None,
+    should_retry: bool | None = None,
+) -> ErrorReply:
+    """An error response; ``should_retry`` sets ``x-should-retry``, which the SDK obeys."""
+    headers: dict[str, str] = {}
+    if retry_after is not None:
+        headers["retry-after"] = _format_seconds(retry_after)
+    if should_retry is not None:
+        headers["x-should-retry"] = "true" if should_retry else "false"
+    error_type = error_type or DEFAULT_ERROR_TYPES.get(status, "api_error")
+    return ErrorReply(status, error_type, message or f"fake {error_type}", headers)
+
+
+def stream_error(
+    reply: Reply, at: int | str, error_type: str = "overloaded_error", message: str = "Overloaded"
+) -> StreamReply:
+    return StreamReply(reply, _resolve_stop(reply, at), "error", error_type, message)
+
+
+def cut_off(reply: Reply, at: int | str, *, reset: bool = False) -> StreamReply:
+    return StreamReply(reply, _resolve_stop(reply, at), "reset" if reset else "fin")
+
+
+def clean_end(reply: Reply, at: int | str) -> StreamReply:
+    return StreamReply(reply, _resolve_stop(reply, at), "clean")
+
+
+def held(response: Response, *, delay: float = 0.0, release: threading.Event | None = None) -> Held:
+    return Held(response, delay, release)
+
+
+def event_names(reply: Reply) -> list[str]:
+    """The SSE event names of the full stream of ``reply``, in order, pings included."""
+    return [name for name, _ in _stream_events(reply, model="m", message_id="msg", request_index=0)]
+
+
+# --- recording ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RecordedRequest:
+    index: int
+    method: str
+    path: str
+    headers: Mapping[str, str]  # names lower-cased
+    body: Any  # parsed JSON, or None if the body was not JSON
+    raw_body: bytes
+    received_at: float  # time.monotonic()
+    outcome: str  # what the fake served, e.g. "reply:sse", "http_error:429", "script_exhausted"
+
+    @property
+    def stream(self) -> bool:
+        return isinstance(self.body, dict) and self.body.get("stream") is True
+
+
+# --- wire format ----------------------------------------------------------------------------
+
+
+def _format_seconds(seconds: float) -> str:
+    return str(int(seconds)) if float(seconds).is_integer() else repr(float(seconds))
+
+
+def _block_payload(block: Block) -> str:
+    if isinstance(block, Text):
+        return block.text
+    if isinstance(block, Thinking):
+        return block.thinking
+    return json.dumps(block.input)
+
+
+def _split(s: str, parts: int) -> list[str]:
+    """Split ``s`` into ``parts`` non-empty contiguous pieces (fewer if ``s`` is short)."""
+    n = max(1, min(parts, len(s)))
+    size, extra = divmod(len(s), n)
+    pieces, start = [], 0
+    for i in range(n):
+        end = start + size + (1 if i < extra else 0)
+        pieces.append(s[start:end])
+        start = end
+    return pieces
+
+
+def _tool_id(block: ToolUse, request_index: int, block_index: int) -> str:
+    return block.id or f"toolu_fake_{request_index}_{block_index}"
+
+
+def _full_block(block: Block, request_index: int, block_index: int) -> JSONObject:
+    if isinstance(block, Text):
+        return {"type": "text", "text": block.text}
+    if isinstance(block, Thinking):
+        return {"type": "thinking", "thinking": block.thinking, "signature": block.signature}
+    return {
+        "type": "tool_use",
+        "id": _tool_id(block, request_index, block_index),
+        "name": block.name,
+        "input": block.input,
+    }
+
+
+def _message_json(reply: Reply, *, model: str, message_id: str, request_index: int) -> JSONObject:
+    return {
+        "id": message_id,
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": [_full_block(b, request_index, i) for i, b in enumerate(reply.content)],
+        "stop_reason": reply.stop_reason,
+        "stop_sequence": None,
+        "usage": {
+            "input_tokens": reply.input_tokens,
+            "cache_creation_input_tokens": reply.cache_creation_input_tokens,
+            "cache_read_input_tokens": reply.cache_read_input_tokens,
+            "output_tokens": reply.output_tokens,
+        },
+    }
+
+
+def _block_events(block: Block, index: int, request_index: int) -> list[tuple[str, JSONObject]]:
+    """content_block_start, its deltas and content_block_stop, shaped as the real API sends them."""
+    if isinstance(block, Text):
+        start: JSONObject = {"type": "text", "text": ""}
+        deltas = [{"type": "text_delta", "text": t} for t in _split(block.text, block.deltas)]
+    elif isinstance(block, Thinking):
+        start = {"type": "thinking", "thinking": "", "signature": ""}
+        deltas = [{"type": "thinking_delta", "thinking": t} for t in _split(block.thinking, block.deltas)]
+        # The signature arrives whole, in one delta just before the block stops.
+        deltas.append({"type": "signature_delta", "signature": block.signature})
+    else:
+        start = {
+            "type": "tool_use",
+            "id": _tool_id(block, request_index, index),
+            "name": block.name,
+            "input": {},
+        }
+        # The real API opens a tool's input with an empty partial_json; clients must cope.
+        chunks = ["", *_split(json.dumps(block.input), block.deltas)]
+        deltas = [{"type": "input_json_delta", "partial_json": c} for c in chunks]
+    return [
+        ("content_block_start", {"type": "content_block_start", "index": index, "content_block": start}),
+        *[
+            ("content_block_delta", {"type": "content_block_delta", "index": index, "delta": d})
+            for d in deltas
+        ],
+        ("content_block_stop", {"type": "content_block_stop", "index": index}),
+    ]
+
+
+def _stream_events(
+    reply: Reply, *, model: str, message_id: str, request_index: int
+) -> list[tuple[str, JSONObject]]:
+    start_message = _message_json(reply, model=model, message_id=message_id, request_index=request_index)
+    start_message.update(content=[], stop_reason=None, stop_sequence=None)
+    # message_start carries the input side of usage; output_tokens only becomes final in message_delta.
+    start_message["usage"] = {**start_message["usage"], "output_tokens": 1}
+
+    events: list[tuple[str, JSONObject]] = [
+        ("message_start", {"type": "message_start", "message": start_message})
+    ]
+    deltas_since_ping = 0
+    for index, block in enumerate(reply.content):
+        for name, data in _block_events(block, index, request_index):
+            events.append((name, data))
+            if name == "content_block_start" and index == 0:
+                events.append(("ping", {"type": "ping"}))  # the real API pings right after the first start
+            if name == "content_block_delta" and reply.ping_every > 0:
+                deltas_since_ping += 1
+                if deltas_since_ping == reply.ping_every:
+                    events.append(("ping", {"type": "ping"}))
+                    deltas_since_ping = 0
+    events.append(
+        (
+            "message_delta",
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": reply.stop_reason, "stop_sequence": None},
+                "usage": {"output_tokens": reply.output_tokens},
+            },
+        )
+    )
+    events.append(("message_stop", {"type": "message_stop"}))
+    return events
+
+
+def _resolve_stop(reply: Reply, at: int | str) -> int:
+    """Resolve ``at`` eagerly, so a bad cut point fails in the test, not in the server thread."""
+    names = event_names(reply)
+    if isinstance(at, str):
+        if at not in names:
+            raise ValueError(f"no {at!r} event in this stream; events are {names}")
+        return names.index(at)
+    if not 0 <= at <= len(names):
+        raise ValueError(f"at={at} is outside the stream's 0..{len(names)} events")
+    return at
+
+
+def _sse(name: str, data: JSONObject) -> bytes:
+    return f"event: {name}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
+
+
+def _error_body(error_type: str, message: str, request_id: str) -> JSONObject:
+    return {"type": "error", "error": {"type": error_type, "message": message}, "request_id": request_id}
+
+
+# --- server ---------------------------------------------------------------------------------
+
+
+class _Server(ThreadingHTTPServer):
+    # Handler threads are joined on close (after their sockets are shut), so no test leaks threads.
+    daemon_threads = False
+    block_on_close = True
+
+    def __init__(self, fake: FakeAnthropic) -> None:
+        self.fake = fake
+        super().__init__(("127.0.0.1", 0), _Handler)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive and chunked bodies, as the SDK's pool expects
+
+    @property
+    def fake(self) -> FakeAnthropic:
+        return cast(_Server, self.server).fake
+
+    def setup(self) -> None:
+        super().setup()
+        self.fake._track(self.connection)
+
+    def finish(self) -> None:
+        self.fake._untrack(self.connection)
+        super().finish()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # keep test output clean; every request is in fake.requests instead
+
+    def do_POST(self) -> None:
+        self._handle()
+
+    def do_GET(self) -> None:
+        self._handle()
+
+    def do_PUT(self) -> None:
+        self._handle()
+
+    def do_DELETE(self) -> None:
+        self._handle()
+
+    def _handle(self) -> None:
+        raw = self.rfile.read(int(self.headers.get("content-length") or 0))
+        try:
+            body: Any = json.loads(raw) if raw else None
+        except ValueError:
+            body = None
+        headers = {k.lower(): v for k, v in self.headers.items()}
+        path = urlsplit(self.path).path
+        index, response = self.fake._take(self.command, path, headers, body, raw)
+        try:
+            self._serve(index, response, body)
+        except OSError:
+            self.close_connection = True  # the client went away mid-response; nothing to tell it
+
+    def _serve(self, index: int, response: Response, body: Any) -> None:
+        request_id = f"req_fake_{index}"
+        if isinstance(response, Held):
+            if response.delay > 0:
+                self.fake._stopping.wait(response.delay)
+            if response.release is not None:
+                self.fake._wait_gate(response.release)
+            if self.fake._stopping.is_set():
+                self.close_connection = True
+                return
+            self._serve(index, response.response, body)
+            return
+        if isinstance(response, ErrorReply):
+            self._send_error(response, index)
+            return
+        wants_stream = isinstance(body, dict) and body.get("stream") is True
+        reply = response.reply if isinstance(response, StreamReply) else response
+        model = reply.model or (body.get("model") if isinstance(body, dict) else None) or "claude-fake"
+        message_id = reply.id or f"msg_fake_{index}"
+        if not wants_stream:
+            if isinstance(response, StreamReply):
+                problem = (
+                    f"fake: scripted a {response.ending} stream but request {index} did not ask to stream"
+                )
+                self._send_error(_complaint(problem), index)
+                return
+            message = _message_json(reply, model=model, message_id=message_id, request_index=index)
+            self._send_json(200, message, {"request-id": request_id})
+            return
+        events = _stream_events(reply, model=model, message_id=message_id, request_index=index)
+        ending: Literal["error", "clean", "fin", "reset"] = "clean"
+        if isinstance(response, StreamReply):
+            events, ending = events[: response.stop], response.ending
+            if ending == "error":
+                error = _error_body(response.error_type, response.error_message, request_id)
+                del error["request_id"]  # in-stream errors carry no request_id in their data
+                events.append(("error", error))
+        self._send_stream(events, ending, request_id)
+
+    def _send_json(self, status: int, payload: JSONObject, headers: Mapping[str, str]) -> None:
+        data = json.dumps(payload).encode()
+        self.send_response(status, "Overloaded" if status == 529 else None)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(data)))
+        for name, value in headers.items():
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _send_error(self, error: ErrorReply, index: int) -> None:
+        request_id = f"req_fake_{index}"
+        body = _error_body(error.error_type, error.message, request_id)
+        self._send_json(error.status, body, {"request-id": request_id, **error.headers})
+
+    def _send_stream(
+        self,
+        events: Sequence[tuple[str, JSONObject]],
+        ending: Literal["error", "clean", "fin", "reset"],
+        request_id: str,
+    ) -> None:
+        self.send_response(200)
+        self.send_header("content-type", "text/event-stream; charset=utf-8")
+        self.send_header("cache-control", "no-cache")
+        self.send_header("transfer-encoding", "chunked")
+        self.send_header("request-id", request_id)
+        self.end_headers()
+        for name, data in events:
+            # One event per chunk, written at once, so the client sees them arrive one by one.
+            payload = _sse(name, data)
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(payload), payload))
+        if ending == "fin":
+            # Drop the connection without the terminating zero-length chunk.
+            self.close_connection = True
+            self.connection.shutdown(socket.SHUT_RDWR)
+        elif ending == "reset":
+            self.close_connection = True
+            # Linger 0 makes close() send RST, as a crashed proxy would.
+            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            self.connection.close()
+        else:
+            self.wfile.write(b"0\r\n\r\n")
+
+
+class FakeAnthropic:
+    """The fake server; a context manager that starts on enter and stops (joining threads) on exit."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._script: deque[Response] = deque()
+        self._requests: list[RecordedRequest] = []
+        self._connections: set[socket.socket] = set()
+        self._gates: set[threading.Event] = set()
+        self._served = 0  # scripted responses handed out, for the exhaustion message
+        self._stopping = threading.Event()
+        self._server: _Server | None = None
+        self._thread: threading.Thread | None = None
+
+    # lifecycle
+
+    def start(self) -> Self:
+        if self._server is not None:
+            raise RuntimeError("FakeAnthropic is already started")
+        self._server = _Server(self)
+        # serve_forever only notices shutdown() between polls; its 0.5 s default would add that to
+        # every test's teardown.
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, args=(0.02,), name="fake-anthropic", daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        server, thread = self._server, self._thread
+        if server is None or thread is None:
+            return
+        with self._cond:
+            self._stopping.set()
+            connections = list(self._connections)
+            gates = list(self._gates)
+        # Unblock handlers held on a gate: the test is over, so nobody else will release them.
+        for gate in gates:
+            gate.set()
+        server.shutdown()
+        # Handlers idle on keep-alive block in readline until their socket is shut.
+        for conn in connections:
+            _shut(conn)
+        server.server_close()
+        thread.join()
+        self._server = self._thread = None
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    @property
+    def base_url(self) -> str:
+        if self._server is None:
+            raise RuntimeError("FakeAnthropic is not started")
+        host, port = self._server.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    # scripting and inspection
+
+    def script(self, *responses: Response) -> None:
+        """Queue responses for the next ``POST /v1/messages`` requests, in order."""
+        with self._cond:
+            self._script.extend(responses)
+
+    @property
+    def remaining(self) -> int:
+        """How many scripted responses are not yet served."""
+        with self._cond:
+            return len(self._script)
+
+    @property
+    def requests(self) -> list[RecordedRequest]:
+        with self._cond:
+            return list(self._requests)
+
+    @property
+    def request_count(self) -> int:
+        with self._cond:
+            return len(self._requests)
+
+    def wait_for_requests(self, n: int, timeout: float = 5.0) -> list[RecordedRequest]:
+        """Block until at least ``n`` requests have arrived; ``TimeoutError`` after ``timeout``."""
+        with self._cond:
+            if not self._cond.wait_for(lambda: len(self._requests) >= n, timeout):
+                raise TimeoutError(f"expected {n} requests within {timeout}s, got {len(self._requests)}")
+            return list(self._requests)
+
+    async def wait_for_requests_async(self, n: int, timeout: float = 5.0) -> list[RecordedRequest]:
+        # In a worker thread, so the event loop stays free to run the client making the requests.
+        return await asyncio.to_thread(self.wait_for_requests, n, timeout)
+
+    # called from handler threads
+
+    def _track(self, conn: socket.socket) -> None:
+        with self._cond:
+            if self._stopping.is_set():
+                _shut(conn)  # accepted during close: don't let it hold up the join
+            self._connections.add(conn)
+
+    def _untrack(self, conn: socket.socket) -> None:
+        with self._cond:
+            self._connections.discard(conn)
+
+    def _wait_gate(self, gate: threading.Event) -> None:
+        with self._cond:
+            if self._stopping.is_set():
+                return
+            self._gates.add(gate)
+        gate.wait()
+        with self._cond:
+            self._gates.discard(gate)
+
+    def _take(
+        self, method: str, path: str, headers: Mapping[str, str], body: Any, raw: bytes
+    ) -> tuple[int, Response]:
+        """Record a request and pick its response: the next scripted one, or the fake's own complaint."""
+        with self._cond:
+            index = len(self._requests)
+            response: Response
+            if method != "POST" or path != MESSAGES_PATH:
+                response = ErrorReply(404, "not_found_error", f"fake: no route {method} {path}")
+                outcome = "not_found"
+            elif not isinstance(body, dict):
+                response = _complaint(f"fake: request {index} body is not a JSON object")
+                outcome = "bad_body"
+            elif not self._script:
+                response = _complaint(
+                    f"FakeAnthropic script exhausted: request {index} arrived "
+                    f"but all {self._served} scripted responses were already served"
+                )
+                outcome = "script_exhausted"
+            else:
+                response = self._script.popleft()
+                self._served += 1
+                outcome = _describe(response, stream=body.get("stream") is True)
+            self._requests.append(
+                RecordedRequest(index, method, path, dict(headers), body, raw, time.monotonic(), outcome)
+            )
+            self._cond.notify_all()
+            return index, response
+
+
+def _complaint(message: str) -> ErrorReply:
+    # x-should-retry: false, so the SDK surfaces a broken script at once instead of retrying into it.
+    return ErrorReply(500, "api_error", message, {"x-should-retry": "false"})
+
+
+def _describe(response: Response, *, stream: bool) -> str:
+    if isinstance(response, Held):
+        return "held:" + _describe(response.response, stream=stream)
+    if isinstance(response, ErrorReply):
+        return f"http_error:{response.status}"
+    if isinstance(response, StreamReply):
+        return f"stream:{response.ending}"
+    return "reply:sse" if stream else "reply:json"
+
+
+def _shut(conn: socket.socket) -> None:
+    try:
+        conn.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass  # already closed by its handler
