@@ -1,0 +1,382 @@
+"""The Python API: load flows, start runs, follow their events, command and resume them.
+
+The CLI is a thin layer over this module::
+
+    kernel = Kernel("runs.db")
+    flow = kernel.load_flow("flows/hello.json")
+    snapshot = anyio.run(kernel.run, flow, {"name": "Ada"})
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import jsonschema
+
+from kernel.commands import Command, CommandOutcome, judge_command
+from kernel.compiler import CompiledFlow, compile_flow, load_flow
+from kernel.errors import CommandRejectedError, InvalidInputError, RunBusyError, RunInputError, StoreError
+from kernel.events import BaseEvent, CommandReceived, Event, FlowResumed, FlowStart, decode, encode
+from kernel.flow import canonical_json
+from kernel.ids import new_run_id, now_ms
+from kernel.reducer import fold, initial_snapshot
+from kernel.registry import Registry, default_registry
+from kernel.runner import COMMAND_POLL_S, EventListener, RunExecution
+from kernel.snapshot import RunSnapshot, decode_snapshot, encode_snapshot
+from kernel.store.base import RunRecord, Store
+from kernel.store.open import open_store
+
+LEASE_TTL_MS = 15_000
+
+
+def _owner_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{os.urandom(3).hex()}"
+
+
+def _owner_dead(owner: str) -> bool:
+    """True if ``owner`` was a process on this host that no longer exists (so its lease is void)."""
+    host, _, rest = owner.partition(":")
+    pid_text = rest.partition(":")[0]
+    if host != socket.gethostname() or not pid_text.isdigit():
+        return False
+    pid = int(pid_text)
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    # A zombie child still "exists" until reaped; treat it as dead.
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(")")[-1].split()[0] == "Z"
+    except OSError:
+        return False
+
+
+class Kernel:
+    """One store, one registry, and the runs executing in this process."""
+
+    def __init__(self, store: Store | str | None = None, *, registry: Registry | None = None,
+                 services: dict[str, Any] | None = None, lease_ttl_ms: int = LEASE_TTL_MS) -> None:
+        self.store: Store = store if store is not None and not isinstance(store, str) else open_store(store)
+        self.registry = registry or default_registry()
+        self.services: dict[str, Any] = services or {}
+        self.owner = _owner_id()
+        self.lease_ttl_ms = lease_ttl_ms
+        self._executing: dict[str, RunExecution] = {}
+        self._flows: dict[str, CompiledFlow] = {}
+
+    # -- flows ------------------------------------------------------------------------------
+
+    def load_flow(self, path: str | Path) -> CompiledFlow:
+        """Read and validate a flow file (every problem at once, with JSON paths)."""
+        return load_flow(path, node_types=self.registry.node_types)
+
+    def compile(self, document: dict[str, Any], source: str = "<flow>", base_dir: Path | None = None) -> CompiledFlow:
+        return compile_flow(document, source=source, base_dir=base_dir, node_types=self.registry.node_types)
+
+    def flow_of(self, run_id: str) -> CompiledFlow:
+        record = self.store.get_run(run_id)
+        cached = self._flows.get(record.flowHash)
+        if cached is not None:
+            return cached
+        document = json.loads(self.store.get_flow(record.flowHash))
+        source = record.flowSource or f"<flow {record.flowName}>"
+        base = Path(record.flowSource).parent if record.flowSource else None
+        flow = self.compile(document, source=source, base_dir=base)
+        self._flows[record.flowHash] = flow
+        return flow
+
+    @staticmethod
+    def check_input(flow: CompiledFlow, value: Any) -> None:
+        """Raise RunInputError if ``value`` does not satisfy the flow's ``inputs`` schema."""
+        schema = flow.flow.inputs
+        if schema is None:
+            return
+        validator = jsonschema.Draft202012Validator(schema)
+        errors = sorted(validator.iter_errors(value), key=lambda e: list(e.absolute_path))
+        if errors:
+            parts = []
+            for err in errors:
+                where = "input" + "".join(f"[{p!r}]" if isinstance(p, int) else f".{p}" for p in err.absolute_path)
+                parts.append(f"{where}: {err.message}")
+            raise RunInputError(f"{flow.source}: run input does not match `inputs`: " + "; ".join(parts))
+
+    # -- runs -------------------------------------------------------------------------------
+
+    def create_run(self, flow: CompiledFlow, input: Any = None, *, parent_run_id: str | None = None,
+                   parent_node_run_id: str | None = None, run_id: str | None = None) -> str:
+        """Validate the input and store a new run (``flow:start``); nothing executes yet."""
+        value = {} if input is None else input
+        self.check_input(flow, value)
+        run_id = run_id or new_run_id()
+        start = FlowStart(seq=1, timestamp=now_ms(), flowRunId=run_id, flowName=flow.name, flowHash=flow.hash,
+                          input=value, parentRunId=parent_run_id, parentNodeRunId=parent_node_run_id)
+        body = encode(start)
+        snap = initial_snapshot(flow, decode(body))  # type: ignore[arg-type]
+        record = RunRecord(runId=run_id, flowName=flow.name, flowHash=flow.hash, status="running", seq=1,
+                           input=value, createdAt=start.timestamp, updatedAt=start.timestamp,
+                           parentRunId=parent_run_id, parentNodeRunId=parent_node_run_id,
+                           flowSource=str(Path(flow.source).resolve()) if flow.base_dir else None)
+        self.store.put_flow(flow.hash, flow.name, canonical_json(flow.document))
+        self.store.create_run(record, [(1, "flow:start", None, None, start.timestamp, body)], encode_snapshot(snap))
+        self._flows[flow.hash] = flow
+        return run_id
+
+    async def run(self, flow: CompiledFlow, input: Any = None, *, on_event: EventListener | None = None,
+                  run_id: str | None = None) -> RunSnapshot:
+        """Create a run and execute it until it stops; returns its final snapshot."""
+        rid = self.create_run(flow, input, run_id=run_id)
+        if on_event is not None:
+            for ev in self.events(rid):
+                on_event(ev)
+        return await self.execute(rid, on_event=on_event)
+
+    def snapshot(self, run_id: str, at: int | None = None) -> RunSnapshot:
+        """The run's snapshot now, or as it was right after event ``at``."""
+        flow = self.flow_of(run_id)
+        checkpoint = self.store.read_checkpoint(run_id, at_most=at)
+        if checkpoint is None:
+            return fold(flow, self.events(run_id, until=at))
+        seq, body = checkpoint
+        snap = decode_snapshot(body)
+        return fold(flow, self.events(run_id, after=seq, until=at), snap)
+
+    def events(self, run_id: str, after: int = 0, until: int | None = None) -> list[Event]:
+        return [decode(b) for b in self.store.read_events(run_id, after=after, until=until)]
+
+    def runs(self, status: str | None = None, parent: str | None = None, limit: int = 1000) -> list[RunRecord]:
+        return self.store.list_runs(status=status, parent=parent, limit=limit)
+
+    async def follow(self, run_id: str, after: int = 0, poll_s: float = COMMAND_POLL_S) -> AsyncIterator[Event]:
+        """Yield the run's events as they are stored, until the run stops."""
+        seq = after
+        token = None
+        while True:
+            batch = self.events(run_id, after=seq)
+            for ev in batch:
+                seq = ev.seq
+                yield ev
+            if not batch and self.store.get_run(run_id).status not in ("running",):
+                return
+            while token == (token := self.store.change_token()) and not batch:
+                await anyio.sleep(poll_s)
+                break
+
+    # -- executing --------------------------------------------------------------------------
+
+    async def execute(self, run_id: str, *, on_event: EventListener | None = None,
+                      first: list[BaseEvent] | None = None,
+                      before: Callable[[RunSnapshot], list[BaseEvent]] | None = None) -> RunSnapshot:
+        """Take the run's lease and execute it from its stored snapshot until it stops.
+
+        ``before`` sees the loaded snapshot and returns the first events to append (it may raise to refuse).
+        """
+        self._acquire(run_id)
+        try:
+            flow = self.flow_of(run_id)
+            snap = self.snapshot(run_id)
+            drafts = list(first or [])
+            if before is not None:
+                drafts = before(snap) + drafts
+            if snap.status != "running" and not any(isinstance(d, FlowResumed) for d in drafts) \
+                    and not drafts:
+                return snap
+            checkpoint = self.store.read_checkpoint(run_id)
+            execution = RunExecution(flow=flow, snapshot=snap, store=self.store, registry=self.registry,
+                                     listeners=[on_event] if on_event else [], services=self.services,
+                                     checkpoint_size=len(checkpoint[1]) if checkpoint else 0)
+            self._executing[run_id] = execution
+            try:
+                return await execution.execute(drafts, background=[self._poll_commands, self._renew_lease])
+            finally:
+                self._executing.pop(run_id, None)
+        finally:
+            self.store.release_lease(run_id, self.owner)
+
+    def _acquire(self, run_id: str) -> None:
+        holder = self.store.acquire_lease(run_id, self.owner, now_ms(), self.lease_ttl_ms)
+        if holder is not None and _owner_dead(holder):
+            # The holder died on this host: its lease is void, take the run over now.
+            holder = self.store.acquire_lease(run_id, self.owner, now_ms() + self.lease_ttl_ms * 2, self.lease_ttl_ms)
+        if holder is not None:
+            raise RunBusyError(f"run {run_id} is being executed by {holder}; wait for it to stop, "
+                               f"or `flowkernel pause {run_id}`")
+
+    async def _renew_lease(self, execution: RunExecution) -> None:
+        while True:
+            await anyio.sleep(self.lease_ttl_ms / 3000)
+            holder = self.store.acquire_lease(execution.snap.runId, self.owner, now_ms(), self.lease_ttl_ms)
+            if holder is not None:
+                print(f"flowkernel: lost the lease of run {execution.snap.runId} to {holder}", file=sys.stderr)
+
+    async def _poll_commands(self, execution: RunExecution) -> None:
+        """Deliver commands that other processes stored for this run (checked every 50 ms, cheaply)."""
+        run_id = execution.snap.runId
+        token: int | None = None
+        seen: set[int] = set()
+        while True:
+            current = self.store.change_token()
+            if current != token:
+                token = current
+                for row in self.store.pending_commands(run_id):
+                    if row.id not in seen:
+                        seen.add(row.id)
+                        execution.deliver(Command.from_json(row.body), row.id)
+            await anyio.sleep(COMMAND_POLL_S)
+
+    async def resume(self, run_id: str, message: str | None = "continue", *,
+                     on_event: EventListener | None = None) -> RunSnapshot:
+        """Continue a paused, waiting or interrupted run; ``message`` goes to every interrupted node run."""
+        cmd = Command(kind="resume", content=message)
+        return await self.execute(run_id, on_event=on_event, before=self._judged(run_id, cmd, FlowResumed(message=message)))
+
+    async def retry(self, run_id: str, *, on_event: EventListener | None = None) -> RunSnapshot:
+        """Re-run the failed nodes of a failed run (fresh attempts; the history stays)."""
+        cmd = Command(kind="retry")
+        return await self.execute(run_id, on_event=on_event,
+                                  before=self._judged(run_id, cmd, FlowResumed(message=None, retry=True)))
+
+    def _judged(self, run_id: str, cmd: Command, then: BaseEvent) -> Callable[[RunSnapshot], list[BaseEvent]]:
+        def before(snap: RunSnapshot) -> list[BaseEvent]:
+            outcome = judge_command(self.flow_of(run_id), snap, cmd, executing=False)
+            if not outcome.accepted:
+                self._record_refusal(snap, outcome)
+                raise CommandRejectedError(outcome.reason or "refused")
+            return [outcome.record, then]
+        return before
+
+    def _record_refusal(self, snap: RunSnapshot, outcome: CommandOutcome) -> None:
+        """Append a refused command's record to the log (we hold the lease); nothing else changes."""
+        record = outcome.record
+        record.seq = snap.seq + 1
+        record.timestamp = now_ms()
+        record.flowRunId = snap.runId
+        body = encode(record)
+        try:
+            self.store.commit(snap.runId, [(record.seq, record.type, None, None, record.timestamp, body)],
+                              snap.status, record.seq, snap.error, None)
+        except StoreError:
+            raise
+
+    async def command(self, run_id: str, cmd: Command, *, timeout_s: float = 10.0) -> CommandOutcome:
+        """Issue a command to a run. If this process executes it, it is delivered directly; if another
+        process does, it goes through the store; if none does, it is judged and recorded here."""
+        execution = self._executing.get(run_id)
+        if execution is not None:
+            result: list[CommandOutcome] = []
+            done = anyio.Event()
+
+            def reply(outcome: CommandOutcome) -> None:
+                result.append(outcome)
+                done.set()
+
+            execution.deliver(cmd, reply=reply)
+            with anyio.fail_after(timeout_s):
+                await done.wait()
+            return _raise_if_refused(result[0])
+        try:
+            self._acquire(run_id)
+        except RunBusyError:
+            return await self._via_store(run_id, cmd, timeout_s)
+        try:
+            snap = self.snapshot(run_id)
+            outcome = judge_command(self.flow_of(run_id), snap, cmd, executing=False)
+            if not outcome.accepted or cmd.kind in ("send", "reply", "pause", "abort"):
+                if outcome.accepted and cmd.kind in ("pause", "abort"):
+                    # Nobody executes the run: the command takes effect right here.
+                    from kernel.events import FlowComplete, FlowPaused
+
+                    follow: BaseEvent = (FlowPaused(reason=cmd.reason or "pause requested") if cmd.kind == "pause"
+                                         else FlowComplete(status="aborted", error=cmd.reason or "aborted"))
+                    self._append_now(snap, [outcome.record, follow])
+                elif outcome.accepted:
+                    self._append_now(snap, [outcome.record])
+                else:
+                    self._record_refusal(snap, outcome)
+            return _raise_if_refused(outcome)
+        finally:
+            self.store.release_lease(run_id, self.owner)
+
+    def _append_now(self, snap: RunSnapshot, drafts: list[BaseEvent]) -> RunSnapshot:
+        from kernel.reducer import apply
+
+        flow = self.flow_of(snap.runId)
+        rows = []
+        for d in drafts:
+            d.seq = snap.seq + 1
+            d.timestamp = now_ms()
+            d.flowRunId = snap.runId
+            body = encode(d)
+            ev = decode(body)
+            snap, _ = apply(flow, snap, ev)
+            rows.append((ev.seq, ev.type, ev.nodeId, ev.runId, ev.timestamp, body))
+        self.store.commit(snap.runId, rows, snap.status, snap.seq, snap.error, encode_snapshot(snap))
+        return snap
+
+    async def _via_store(self, run_id: str, cmd: Command, timeout_s: float) -> CommandOutcome:
+        """Queue the command for the process executing the run, and wait for its verdict."""
+        cid = self.store.enqueue_command(run_id, cmd.to_json())
+        with anyio.fail_after(timeout_s):
+            while True:
+                rows = {r.id for r in self.store.pending_commands(run_id)}
+                if cid not in rows:
+                    break
+                await anyio.sleep(COMMAND_POLL_S)
+        for ev in reversed(self.events(run_id)):
+            if isinstance(ev, CommandReceived) and ev.command == cmd.kind and ev.target == cmd.target:
+                return _raise_if_refused(CommandOutcome(ev.accepted, ev, ev.reason))
+        raise StoreError(f"run {run_id}: command {cmd.kind} was taken but its record is missing")
+
+    def close(self) -> None:
+        self.store.close()
+
+
+def _raise_if_refused(outcome: CommandOutcome) -> CommandOutcome:
+    if not outcome.accepted:
+        raise CommandRejectedError(outcome.reason or "command refused")
+    return outcome
+
+
+def parse_inputs(flow: CompiledFlow, pairs: list[str], json_file: str | None) -> dict[str, Any]:
+    """``--input k=v`` pairs (JSON values unless the schema wants a string) and ``--input-json FILE``."""
+    value: dict[str, Any] = {}
+    if json_file:
+        path = Path(json_file)
+        try:
+            loaded = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise InvalidInputError(f"--input-json {json_file}: no such file") from None
+        except (OSError, json.JSONDecodeError) as exc:
+            raise InvalidInputError(f"--input-json {json_file}: not valid JSON: {exc}") from None
+        if not isinstance(loaded, dict):
+            raise InvalidInputError(f"--input-json {json_file}: must hold a JSON object")
+        value.update(loaded)
+    props = (flow.flow.inputs or {}).get("properties", {})
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key:
+            raise InvalidInputError(f"--input {pair!r}: expected KEY=VALUE")
+        want = props.get(key, {}).get("type") if isinstance(props.get(key), dict) else None
+        if want == "string":
+            value[key] = raw
+            continue
+        try:
+            value[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            value[key] = raw
+    return value
+
+
+Listener = Callable[[BaseEvent], None]
+AsyncAction = Callable[[], Awaitable[Any]]

@@ -1,0 +1,240 @@
+"""Validate a flow document and compile it into the graph the scheduler walks.
+
+Every problem is collected (shape, ids, types, edges, gates, cycles, expressions) and reported at
+once, each with its JSON path, before anything runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Container
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import networkx as nx
+
+from kernel.errors import FlowValidationError, Problem
+from kernel.expressions import (
+    Condition,
+    Expr,
+    Template,
+    compile_expr,
+    compile_template,
+    compile_when,
+    strip_braces,
+)
+from kernel.flow import Flow, Policy, flow_hash, parse_flow, read_flow_document
+
+RESERVED_IDS = frozenset({"flow", "state"})
+
+
+@dataclass(frozen=True, slots=True)
+class CompiledEdge:
+    id: str
+    index: int
+    source: str
+    target: str
+    when: Condition
+    is_loop: bool
+    max_iterations: int | None
+    for_each: Expr | None
+    for_each_as: str
+
+
+@dataclass(frozen=True, slots=True)
+class CompiledNode:
+    id: str
+    index: int
+    type: str
+    input: Template
+    raw_input: dict[str, Any]
+    when: Condition
+    policy: Policy
+
+
+@dataclass(slots=True)
+class CompiledFlow:
+    """A validated flow: nodes, edges and the precomputed structure the reducer needs."""
+
+    flow: Flow
+    document: dict[str, Any]
+    hash: str
+    source: str
+    base_dir: Path | None
+    nodes: dict[str, CompiledNode]
+    edges: dict[str, CompiledEdge]
+    outgoing: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    incoming: dict[str, tuple[str, ...]] = field(default_factory=dict)  # non-loop edges only
+    gates: dict[str, str] = field(default_factory=dict)
+    reset_sets: dict[str, tuple[str, ...]] = field(default_factory=dict)  # loop edge -> nodes
+    for_each_into: dict[str, str] = field(default_factory=dict)  # node -> its forEach edge
+
+    @property
+    def name(self) -> str:
+        return self.flow.name
+
+    @property
+    def max_concurrency(self) -> int:
+        return self.flow.maxConcurrency
+
+
+def load_flow(path: str | Path, node_types: Container[str] | None = None) -> CompiledFlow:
+    """Read, validate and compile a flow file; raises FlowFileError or FlowValidationError."""
+    p = Path(path)
+    document, _ = read_flow_document(p)
+    return compile_flow(document, source=str(p), base_dir=p.resolve().parent, node_types=node_types)
+
+
+def compile_flow(
+    document: Any,
+    source: str = "<flow>",
+    base_dir: Path | None = None,
+    node_types: Container[str] | None = None,
+) -> CompiledFlow:
+    """Validate ``document`` and compile it. ``node_types`` defaults to the default registry's."""
+    if node_types is None:
+        from kernel.registry import default_registry
+
+        node_types = default_registry().node_types
+    problems: list[Problem] = []
+    flow: Flow | None = None
+    try:
+        flow = parse_flow(document, source)
+    except FlowValidationError as exc:
+        problems.extend(exc.problems)
+    if isinstance(document, dict):
+        _check_structure(document, node_types, problems)
+    if problems or flow is None:
+        raise FlowValidationError(source, _dedupe(problems))
+    compiled = _compile(flow, document, source, base_dir, problems)
+    if problems:
+        raise FlowValidationError(source, _dedupe(problems))
+    return compiled
+
+
+def _dedupe(problems: list[Problem]) -> list[Problem]:
+    seen: set[tuple[str, str]] = set()
+    out = []
+    for p in problems:
+        if (p.path, p.message) not in seen:
+            seen.add((p.path, p.message))
+            out.append(p)
+    return out
+
+
+def _dicts(value: Any) -> list[tuple[int, dict[str, Any]]]:
+    return [(i, v) for i, v in enumerate(value) if isinstance(v, dict)] if isinstance(value, list) else []
+
+
+def _check_structure(doc: dict[str, Any], node_types: Container[str], problems: list[Problem]) -> None:
+    """Checks across nodes and edges, on the raw document so they run even when the shape is off."""
+    node_ids: dict[str, int] = {}
+    for i, node in _dicts(doc.get("nodes")):
+        nid = node.get("id")
+        if not isinstance(nid, str):
+            continue
+        path = f"$.nodes[{i}].id"
+        if nid in RESERVED_IDS or nid.startswith("$"):
+            problems.append(Problem(path, f"{nid!r} is reserved; choose another node id"))
+        if nid in node_ids:
+            problems.append(Problem(path, f"duplicate node id {nid!r} (first at $.nodes[{node_ids[nid]}])"))
+        else:
+            node_ids[nid] = i
+        ntype = node.get("type")
+        if isinstance(ntype, str) and ntype not in node_types:
+            known = ", ".join(sorted(node_types)) if isinstance(node_types, (set, frozenset, dict)) else ""
+            hint = f"; known types: {known}" if known else ""
+            problems.append(Problem(f"$.nodes[{i}].type", f"unknown node type {ntype!r}{hint}"))
+
+    edge_ids: dict[str, int] = {}
+    gates: dict[str, tuple[str, int]] = {}
+    for_each: dict[str, int] = {}
+    graph: Any = nx.DiGraph()
+    graph.add_nodes_from(node_ids)
+    for i, edge in _dicts(doc.get("edges")):
+        src, dst = edge.get("from"), edge.get("to")
+        for key, ref in (("from", src), ("to", dst)):
+            if isinstance(ref, str) and ref not in node_ids:
+                problems.append(Problem(f"$.edges[{i}].{key}", f"no node with id {ref!r}"))
+        eid = edge.get("id") if edge.get("id") is not None else f"{src}->{dst}"
+        if isinstance(eid, str):
+            if eid in edge_ids:
+                problems.append(Problem(f"$.edges[{i}]" + (".id" if edge.get("id") is not None else ""),
+                                        f"duplicate edge id {eid!r} (first at $.edges[{edge_ids[eid]}]); "
+                                        "give one of them an explicit id"))
+            else:
+                edge_ids[eid] = i
+        gate = edge.get("gate")
+        if isinstance(dst, str) and gate in ("all", "any"):
+            if dst in gates and gates[dst][0] != gate:
+                problems.append(Problem(f"$.edges[{i}].gate",
+                                        f"gate {gate!r} into {dst!r} conflicts with {gates[dst][0]!r} "
+                                        f"at $.edges[{gates[dst][1]}].gate; a gate belongs to the target"))
+            else:
+                gates.setdefault(dst, (gate, i))
+        if isinstance(dst, str) and edge.get("forEach") is not None:
+            if dst in for_each:
+                problems.append(Problem(f"$.edges[{i}].forEach",
+                                        f"{dst!r} already has a forEach edge at $.edges[{for_each[dst]}]"))
+            for_each.setdefault(dst, i)
+            if edge.get("maxIterations") is not None:
+                problems.append(Problem(f"$.edges[{i}]", "a loop edge cannot also be a forEach edge"))
+        if (isinstance(src, str) and isinstance(dst, str) and src in node_ids and dst in node_ids
+                and edge.get("maxIterations") is None):
+            graph.add_edge(src, dst)
+    for component in nx.strongly_connected_components(graph):
+        members = sorted(component, key=lambda n: node_ids[n])
+        if len(members) > 1 or graph.has_edge(members[0], members[0]):
+            cycle = " -> ".join([*members, members[0]])
+            problems.append(Problem("$.edges", f"cycle {cycle} does not pass through a loop edge; "
+                                               "give one of its edges maxIterations"))
+
+
+def _compile(flow: Flow, document: dict[str, Any], source: str, base_dir: Path | None,
+             problems: list[Problem]) -> CompiledFlow:
+    nodes: dict[str, CompiledNode] = {}
+    for i, node in enumerate(flow.nodes):
+        path = f"$.nodes[{i}]"
+        nodes[node.id] = CompiledNode(
+            id=node.id, index=i, type=node.type,
+            input=compile_template(node.input, f"{path}.input", problems),
+            raw_input=node.input,
+            when=compile_when(node.when, f"{path}.when", problems),
+            policy=node.policy,
+        )
+    edges: dict[str, CompiledEdge] = {}
+    for i, edge in enumerate(flow.edges):
+        path = f"$.edges[{i}]"
+        fe = None
+        if edge.forEach is not None:
+            fe = compile_expr(strip_braces(edge.forEach.in_), f"{path}.forEach.in", problems)
+        edges[edge.edge_id] = CompiledEdge(
+            id=edge.edge_id, index=i, source=edge.from_, target=edge.to,
+            when=compile_when(edge.when, f"{path}.when", problems),
+            is_loop=edge.maxIterations is not None, max_iterations=edge.maxIterations,
+            for_each=fe, for_each_as=edge.forEach.as_ if edge.forEach else "item",
+        )
+    compiled = CompiledFlow(flow=flow, document=document, hash=flow_hash(document), source=source,
+                            base_dir=base_dir, nodes=nodes, edges=edges)
+    out: dict[str, list[str]] = {n: [] for n in nodes}
+    inc: dict[str, list[str]] = {n: [] for n in nodes}
+    graph: Any = nx.DiGraph()
+    graph.add_nodes_from(nodes)
+    for e in edges.values():
+        out[e.source].append(e.id)
+        if not e.is_loop:
+            inc[e.target].append(e.id)
+            graph.add_edge(e.source, e.target)
+        if flow.edges[e.index].gate is not None:
+            compiled.gates[e.target] = flow.edges[e.index].gate or "all"
+        if e.for_each is not None:
+            compiled.for_each_into[e.target] = e.id
+    compiled.outgoing = {n: tuple(v) for n, v in out.items()}
+    compiled.incoming = {n: tuple(v) for n, v in inc.items()}
+    for n in nodes:
+        compiled.gates.setdefault(n, "all")
+    for e in edges.values():
+        if e.is_loop:
+            reach = {e.target} | set(nx.descendants(graph, e.target))
+            compiled.reset_sets[e.id] = tuple(sorted(reach, key=lambda n: nodes[n].index))
+    return compiled

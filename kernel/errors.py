@@ -1,0 +1,83 @@
+"""The one error hierarchy of flowkernel.
+
+Every error says what is wrong, where (JSON path, node id, run id) and what to do. The CLI prints
+``str(error)`` without a traceback and exits with ``error.exit_code``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class FlowkernelError(Exception):
+    """Root of all errors flowkernel raises on purpose."""
+
+    exit_code = 1
+
+
+class InvalidInputError(FlowkernelError):
+    """The caller gave something unusable: a flow file, an argument, a command."""
+
+    exit_code = 2
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One validation problem: where (a JSON path such as ``$.edges[2].to``) and what."""
+
+    path: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.message}"
+
+
+class FlowValidationError(InvalidInputError):
+    """A flow file has one or more problems; all of them are listed."""
+
+    def __init__(self, source: str, problems: list[Problem]) -> None:
+        self.source = source
+        self.problems = problems
+        noun = "problem" if len(problems) == 1 else "problems"
+        lines = [f"{source}: {len(problems)} {noun}"] + [f"  {p}" for p in problems]
+        super().__init__("\n".join(lines))
+
+
+class FlowFileError(InvalidInputError):
+    """The flow file cannot be read or parsed at all."""
+
+
+class RunInputError(InvalidInputError):
+    """The run input does not satisfy the flow's ``inputs`` schema."""
+
+
+class UnknownRunError(InvalidInputError):
+    """No run with that id exists in the store."""
+
+    def __init__(self, run_id: str, where: str) -> None:
+        super().__init__(f"no run {run_id!r} in {where}; `flowkernel runs` lists the runs there")
+        self.run_id = run_id
+
+
+class CommandRejectedError(InvalidInputError):
+    """A command was refused (and recorded as ``command:received`` with ``accepted: false``)."""
+
+
+class RunBusyError(FlowkernelError):
+    """Another process holds the lease of the run."""
+
+
+class StoreError(FlowkernelError):
+    """The store cannot be opened, read or written."""
+
+
+class NodeFailure(FlowkernelError):
+    """Raised by node types for an expected failure; ``error_type`` lands in ``node:error``."""
+
+    def __init__(self, message: str, error_type: str = "node_error") -> None:
+        super().__init__(message)
+        self.error_type = error_type
+
+
+class ExpressionError(FlowkernelError):
+    """A JSONata expression failed to evaluate."""

@@ -1,0 +1,216 @@
+"""The event catalogue (DESIGN §4): msgspec structs, a tagged union on ``type``.
+
+Nodes and the scheduler produce *drafts* (``seq == 0``); the run shell stamps ``seq``,
+``timestamp`` and ``flowRunId`` when it appends them to the log.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+
+class BaseEvent(msgspec.Struct, kw_only=True, tag_field="type", omit_defaults=True):
+    seq: int = 0
+    timestamp: int = 0
+    flowRunId: str = ""
+    nodeId: str | None = None
+    runId: str | None = None
+    cause: int | None = None
+
+    @property
+    def type(self) -> str:
+        return str(self.__struct_config__.tag)
+
+
+# --- the run -------------------------------------------------------------------------------
+
+class FlowStart(BaseEvent, tag="flow:start"):
+    flowName: str
+    flowHash: str
+    input: Any = None
+    parentRunId: str | None = None
+    parentNodeRunId: str | None = None
+    forkedFrom: str | None = None
+    forkedAt: int | None = None
+
+
+class FlowPaused(BaseEvent, tag="flow:paused"):
+    reason: str | None = None
+
+
+class FlowResumed(BaseEvent, tag="flow:resumed"):
+    message: str | None = None
+    retry: bool = False
+
+
+class FlowWaiting(BaseEvent, tag="flow:waiting"):
+    reason: str | None = None
+
+
+class FlowComplete(BaseEvent, tag="flow:complete"):
+    status: str
+    error: str | None = None
+
+
+# --- nodes ---------------------------------------------------------------------------------
+
+class NodeStart(BaseEvent, tag="node:start"):
+    attempt: int = 1
+    input: Any = None
+    item: int | None = None
+    resumedFrom: str | None = None
+
+
+class NodeComplete(BaseEvent, tag="node:complete"):
+    output: Any = None
+    durationMs: int = 0
+    item: int | None = None
+
+
+class NodeError(BaseEvent, tag="node:error"):
+    errorType: str
+    message: str
+    attempt: int = 1
+    willRetry: bool = False
+    item: int | None = None
+
+
+class NodeSkipped(BaseEvent, tag="node:skipped"):
+    reason: str
+    item: int | None = None
+
+
+class NodeWaiting(BaseEvent, tag="node:waiting"):
+    prompt: Any = None
+    schema: dict[str, Any] | None = None
+
+
+# --- edges, loops, state, commands ---------------------------------------------------------
+
+class EdgeFire(BaseEvent, tag="edge:fire"):
+    edgeId: str
+    from_: str = msgspec.field(name="from")
+    to: str
+    items: list[Any] | None = None
+
+
+class EdgeSkip(BaseEvent, tag="edge:skip"):
+    edgeId: str
+    from_: str = msgspec.field(name="from")
+    to: str
+
+
+class LoopIterate(BaseEvent, tag="loop:iterate"):
+    edgeId: str
+    iteration: int
+
+
+class LoopExhausted(BaseEvent, tag="loop:exhausted"):
+    edgeId: str
+    iteration: int
+
+
+class StatePatch(BaseEvent, tag="state:patch"):
+    op: str
+    path: str
+    value: Any = None
+
+
+class CommandReceived(BaseEvent, tag="command:received"):
+    command: str
+    accepted: bool
+    reason: str | None = None
+    target: str | None = None
+    content: Any = None
+    commandId: str | None = None
+
+
+class InboxConsumed(BaseEvent, tag="inbox:consumed"):
+    """A node run took its inbox messages (up to ``count``), so they are never delivered twice."""
+
+    count: int
+
+
+# --- agents --------------------------------------------------------------------------------
+
+class AgentStart(BaseEvent, tag="agent:start"):
+    sessionId: str
+    model: str
+    prompt: Any = None
+
+
+class AgentThinkingDelta(BaseEvent, tag="agent:thinking:delta"):
+    content: str
+
+
+class AgentTextDelta(BaseEvent, tag="agent:text:delta"):
+    content: str
+
+
+class AgentThinking(BaseEvent, tag="agent:thinking"):
+    content: str
+
+
+class AgentText(BaseEvent, tag="agent:text"):
+    content: str
+
+
+class AgentTool(BaseEvent, tag="agent:tool"):
+    toolName: str
+    toolUseId: str
+    toolInput: Any = None
+    toolOutput: Any = None
+    durationMs: int = 0
+    error: str | None = None
+
+
+class AgentError(BaseEvent, tag="agent:error"):
+    errorType: str
+    message: str
+    details: Any = None
+
+
+class AgentComplete(BaseEvent, tag="agent:complete"):
+    result: Any = None
+    structuredOutput: Any = None
+    usage: dict[str, int] = msgspec.field(default_factory=dict)
+    modelUsage: dict[str, Any] | None = None
+    totalCostUsd: float = 0.0
+    durationMs: int = 0
+    numTurns: int = 0
+
+
+Event = (
+    FlowStart | FlowPaused | FlowResumed | FlowWaiting | FlowComplete
+    | NodeStart | NodeComplete | NodeError | NodeSkipped | NodeWaiting
+    | EdgeFire | EdgeSkip | LoopIterate | LoopExhausted | StatePatch | CommandReceived | InboxConsumed
+    | AgentStart | AgentThinkingDelta | AgentTextDelta | AgentThinking | AgentText | AgentTool
+    | AgentError | AgentComplete
+)
+
+EVENT_TYPES: dict[str, type[BaseEvent]] = {
+    str(cls.__struct_config__.tag): cls
+    for cls in (FlowStart, FlowPaused, FlowResumed, FlowWaiting, FlowComplete, NodeStart, NodeComplete,
+                NodeError, NodeSkipped, NodeWaiting, EdgeFire, EdgeSkip, LoopIterate, LoopExhausted,
+                StatePatch, CommandReceived, InboxConsumed, AgentStart, AgentThinkingDelta,
+                AgentTextDelta, AgentThinking, AgentText, AgentTool, AgentError, AgentComplete)
+}
+
+encoder = msgspec.json.Encoder()
+decoder: msgspec.json.Decoder[Event] = msgspec.json.Decoder(Event)
+
+
+def encode(event: BaseEvent) -> bytes:
+    return encoder.encode(event)
+
+
+def decode(data: bytes | str) -> Event:
+    return decoder.decode(data)
+
+
+def to_dict(event: BaseEvent) -> dict[str, Any]:
+    """The event as the JSON object users see (``type`` included)."""
+    out: dict[str, Any] = msgspec.json.decode(encoder.encode(event))
+    return out

@@ -1,0 +1,224 @@
+"""JSONata expressions, ``{{ }}`` bindings and ``when`` conditions, compiled once at load.
+
+Evaluation is pure: the same context gives the same value, which is what lets the reducer decide
+edges during replay exactly as it did live.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import jsonata
+
+from kernel.errors import ExpressionError, Problem
+
+_BINDING = re.compile(r"\{\{(.*?)\}\}", re.DOTALL)
+
+
+class Expr:
+    """One compiled JSONata expression."""
+
+    __slots__ = ("_compiled", "source")
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self._compiled = jsonata.Jsonata(source)
+        # Inputs are plain JSON already (events are JSON round-tripped), so skip the per-call walk.
+        self._compiled.set_validate_input(False)
+
+    def evaluate(self, context: Mapping[str, Any], variables: Mapping[str, Any] | None = None) -> Any:
+        try:
+            return self._compiled.evaluate(context, dict(variables) if variables else None)
+        except Exception as exc:  # jsonata raises bare RuntimeErrors and the odd TypeError
+            raise ExpressionError(f"{self.source!r}: {exc}") from None
+
+
+def compile_expr(source: str, path: str, problems: list[Problem]) -> Expr | None:
+    """Compile ``source``; on a syntax error add a problem at ``path`` and return None."""
+    if not source.strip():
+        problems.append(Problem(path, "empty expression"))
+        return None
+    try:
+        return Expr(source)
+    except Exception as exc:
+        problems.append(Problem(path, f"JSONata does not parse: {exc} in {source!r}"))
+        return None
+
+
+def strip_braces(source: str) -> str:
+    """``{{ expr }}`` -> ``expr``; a bare expression is returned unchanged."""
+    match = _BINDING.fullmatch(source.strip())
+    return match.group(1).strip() if match else source
+
+
+class Template(Protocol):
+    def render(self, context: Mapping[str, Any], variables: Mapping[str, Any] | None = None) -> Any: ...
+
+
+@dataclass(frozen=True, slots=True)
+class _Const:
+    value: Any
+
+    def render(self, context: Mapping[str, Any], variables: Mapping[str, Any] | None = None) -> Any:
+        return self.value
+
+
+@dataclass(frozen=True, slots=True)
+class _Whole:
+    expr: Expr
+
+    def render(self, context: Mapping[str, Any], variables: Mapping[str, Any] | None = None) -> Any:
+        return self.expr.evaluate(context, variables)
+
+
+@dataclass(frozen=True, slots=True)
+class _Mixed:
+    parts: tuple[str | Expr, ...]
+
+    def render(self, context: Mapping[str, Any], variables: Mapping[str, Any] | None = None) -> Any:
+        out = []
+        for part in self.parts:
+            if isinstance(part, str):
+                out.append(part)
+                continue
+            value = part.evaluate(context, variables)
+            if value is None:
+                continue
+            out.append(value if isinstance(value, str) else json.dumps(value, ensure_ascii=False))
+        return "".join(out)
+
+
+@dataclass(frozen=True, slots=True)
+class _Dict:
+    items: tuple[tuple[str, Template], ...]
+
+    def render(self, context: Mapping[str, Any], variables: Mapping[str, Any] | None = None) -> Any:
+        return {k: t.render(context, variables) for k, t in self.items}
+
+
+@dataclass(frozen=True, slots=True)
+class _List:
+    items: tuple[Template, ...]
+
+    def render(self, context: Mapping[str, Any], variables: Mapping[str, Any] | None = None) -> Any:
+        return [t.render(context, variables) for t in self.items]
+
+
+def compile_template(value: Any, path: str, problems: list[Problem]) -> Template:
+    """Compile every ``{{ }}`` in a JSON value. A string that is one whole binding keeps its type."""
+    if isinstance(value, str):
+        if "{{" not in value:
+            return _Const(value)
+        whole = _BINDING.fullmatch(value.strip())
+        if whole and "{{" not in whole.group(1):
+            expr = compile_expr(whole.group(1).strip(), path, problems)
+            return _Whole(expr) if expr else _Const(None)
+        parts: list[str | Expr] = []
+        pos = 0
+        for match in _BINDING.finditer(value):
+            if match.start() > pos:
+                parts.append(value[pos:match.start()])
+            expr = compile_expr(match.group(1).strip(), path, problems)
+            if expr:
+                parts.append(expr)
+            pos = match.end()
+        if pos < len(value):
+            parts.append(value[pos:])
+        return _Mixed(tuple(parts))
+    if isinstance(value, dict):
+        items = tuple((k, compile_template(v, f"{path}.{k}", problems)) for k, v in value.items())
+        if all(isinstance(t, _Const) for _, t in items):
+            return _Const(value)
+        return _Dict(items)
+    if isinstance(value, list):
+        elems = tuple(compile_template(v, f"{path}[{i}]", problems) for i, v in enumerate(value))
+        if all(isinstance(t, _Const) for t in elems):
+            return _Const(value)
+        return _List(elems)
+    return _Const(value)
+
+
+class Condition(Protocol):
+    def holds(self, context: Mapping[str, Any], variables: Mapping[str, Any] | None = None) -> bool: ...
+
+
+@dataclass(frozen=True, slots=True)
+class _Truthy:
+    expr: Expr
+
+    def holds(self, context: Mapping[str, Any], variables: Mapping[str, Any] | None = None) -> bool:
+        return truthy(self.expr.evaluate(context, variables))
+
+
+@dataclass(frozen=True, slots=True)
+class _Equals:
+    var: Expr
+    value: Any
+
+    def holds(self, context: Mapping[str, Any], variables: Mapping[str, Any] | None = None) -> bool:
+        return bool(self.var.evaluate(context, variables) == self.value)
+
+
+@dataclass(frozen=True, slots=True)
+class _Not:
+    inner: Condition
+
+    def holds(self, context: Mapping[str, Any], variables: Mapping[str, Any] | None = None) -> bool:
+        return not self.inner.holds(context, variables)
+
+
+@dataclass(frozen=True, slots=True)
+class _All:
+    parts: tuple[Condition, ...]
+
+    def holds(self, context: Mapping[str, Any], variables: Mapping[str, Any] | None = None) -> bool:
+        return all(p.holds(context, variables) for p in self.parts)
+
+
+@dataclass(frozen=True, slots=True)
+class _Any:
+    parts: tuple[Condition, ...]
+
+    def holds(self, context: Mapping[str, Any], variables: Mapping[str, Any] | None = None) -> bool:
+        return any(p.holds(context, variables) for p in self.parts)
+
+
+_ALWAYS = _All(())
+
+
+def truthy(value: Any) -> bool:
+    """JSONata's boolean cast: empty string, 0, null, false, empty array/object are false."""
+    if isinstance(value, list):
+        return any(truthy(v) for v in value)
+    return bool(value)
+
+
+def compile_when(value: Any, path: str, problems: list[Problem]) -> Condition:
+    """Compile a ``when`` in the string or the structured form."""
+    if value is None:
+        return _ALWAYS
+    if isinstance(value, str):
+        expr = compile_expr(strip_braces(value), path, problems)
+        return _Truthy(expr) if expr else _ALWAYS
+    if isinstance(value, dict) and len(value) == 1:
+        (key, arg), = value.items()
+        if key == "equals":
+            if not isinstance(arg, dict) or set(arg) != {"var", "value"} or not isinstance(arg["var"], str):
+                problems.append(Problem(f"{path}.equals", 'expected {"var": "<path>", "value": <any>}'))
+                return _ALWAYS
+            expr = compile_expr(strip_braces(arg["var"]), f"{path}.equals.var", problems)
+            return _Equals(expr, arg["value"]) if expr else _ALWAYS
+        if key == "not":
+            return _Not(compile_when(arg, f"{path}.not", problems))
+        if key in ("and", "or"):
+            if not isinstance(arg, list):
+                problems.append(Problem(f"{path}.{key}", "expected a list of conditions"))
+                return _ALWAYS
+            parts = tuple(compile_when(v, f"{path}.{key}[{i}]", problems) for i, v in enumerate(arg))
+            return _All(parts) if key == "and" else _Any(parts)
+    problems.append(Problem(path, "a when is a JSONata string or one of equals / not / and / or"))
+    return _ALWAYS

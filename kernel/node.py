@@ -1,0 +1,151 @@
+"""The seam between the kernel and node types: the ``NodeType`` protocol and the ``NodeContext``."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from kernel.errors import NodeFailure, Problem
+from kernel.events import BaseEvent, InboxConsumed, StatePatch
+from kernel.snapshot import InboxMessage, RunSnapshot
+from kernel.state_ops import OPS, apply_patch
+
+if TYPE_CHECKING:
+    from kernel.compiler import CompiledFlow
+    from kernel.registry import Registry
+    from kernel.store.base import Store
+
+
+@dataclass(frozen=True, slots=True)
+class WaitFor:
+    """Returned by a node to wait for a ``reply``: the node run goes ``waiting`` with this prompt."""
+
+    prompt: Any
+    schema: dict[str, Any] | None = None
+
+
+@runtime_checkable
+class NodeType(Protocol):
+    """A node type. ``run`` returns the node's output, or ``WaitFor`` to wait for a reply."""
+
+    name: str
+
+    async def run(self, ctx: NodeContext) -> Any: ...
+
+
+class CheckedNodeType(NodeType, Protocol):
+    """A node type that also checks its (unresolved) input when the flow is loaded."""
+
+    def check(self, raw_input: dict[str, Any], path: str, problems: list[Problem]) -> None: ...
+
+
+class RunShell(Protocol):
+    """What a node context needs from the shell that executes the run."""
+
+    flow: CompiledFlow
+    registry: Registry
+    store: Store
+
+    def current_state(self) -> dict[str, Any]: ...
+
+    def current_snapshot(self) -> RunSnapshot: ...
+
+    def current_inbox(self, run_id: str) -> list[InboxMessage]: ...
+
+    def submit(self, draft: BaseEvent) -> None: ...
+
+    async def submit_durable(self, draft: BaseEvent) -> None: ...
+
+    def pause_requested(self) -> bool: ...
+
+    @property
+    def services(self) -> dict[str, Any]: ...
+
+
+class NodeContext:
+    """Everything a running node may see and do. One per node run."""
+
+    def __init__(self, shell: RunShell, *, node_id: str, run_id: str, flow_run_id: str, attempt: int,
+                 input: Any, item: int | None, resumed_from: str | None) -> None:
+        self._shell = shell
+        self.node_id = node_id
+        self.run_id = run_id
+        self.flow_run_id = flow_run_id
+        self.attempt = attempt
+        self.input = input
+        self.item = item
+        self.resumed_from = resumed_from
+
+    @property
+    def flow(self) -> CompiledFlow:
+        return self._shell.flow
+
+    @property
+    def registry(self) -> Registry:
+        return self._shell.registry
+
+    @property
+    def store(self) -> Store:
+        return self._shell.store
+
+    @property
+    def services(self) -> dict[str, Any]:
+        """Process-wide services given to the Kernel (e.g. ``query_fn``, ``fixtures``)."""
+        return self._shell.services
+
+    @property
+    def raw_input(self) -> dict[str, Any]:
+        """The node's input as written in the flow file, bindings unresolved."""
+        return self._shell.flow.nodes[self.node_id].raw_input
+
+    def binding_context(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """What a ``{{ }}`` in this node would see now: the context and the ``$`` variables."""
+        from kernel.scheduling import binding_context, item_variables
+
+        snap = self._shell.current_snapshot()
+        ctx = binding_context(snap)
+        if self.item is not None and self.node_id in snap.forEach:
+            edge = self.flow.edges[self.flow.for_each_into[self.node_id]]
+            return item_variables(snap.forEach[self.node_id], self.item, edge.for_each_as, ctx)
+        return ctx, {}
+
+    @property
+    def state(self) -> dict[str, Any]:
+        """The run's state as of now (read-only: change it with ``patch_state``)."""
+        return self._shell.current_state()
+
+    def emit(self, draft: BaseEvent) -> None:
+        """Append an event for this node run; ordered, persisted with the next transition."""
+        draft.nodeId = self.node_id
+        draft.runId = self.run_id
+        self._shell.submit(draft)
+
+    async def emit_durable(self, draft: BaseEvent) -> None:
+        """Append an event and wait until it is committed to the store."""
+        draft.nodeId = self.node_id
+        draft.runId = self.run_id
+        await self._shell.submit_durable(draft)
+
+    def patch_state(self, op: str, path: str, value: Any) -> None:
+        """Change the run's state (``set``, ``merge`` or ``append`` at a dotted path)."""
+        if op not in OPS:
+            raise NodeFailure(f"unknown state op {op!r}; use one of {', '.join(OPS)}", "state_error")
+        apply_patch(self.state, op, path, value)  # raises NodeFailure now rather than at apply time
+        self.emit(StatePatch(op=op, path=path, value=value))
+
+    def inbox(self) -> list[InboxMessage]:
+        """Messages delivered to this node run and not yet consumed."""
+        return list(self._shell.current_inbox(self.run_id))
+
+    async def consume_inbox(self, count: int) -> None:
+        """Mark the first ``count`` inbox messages as taken, durably, so none is delivered twice."""
+        if count > 0:
+            await self.emit_durable(InboxConsumed(count=count))
+
+    def pause_requested(self) -> bool:
+        """True once the run is asked to pause: a node may finish its current step and return."""
+        return self._shell.pause_requested()
+
+
+FunctionType = Callable[..., Any] | Callable[..., Awaitable[Any]]

@@ -1,0 +1,287 @@
+"""The pure reducer: ``apply(flow, snapshot, event) -> snapshot``.
+
+Every change of a run's snapshot happens here and only here, driven by one event. No I/O, no clock,
+no random ids: ids and timestamps arrive in the event. Folding a run's stored events through
+``apply`` therefore rebuilds its snapshot exactly, at any past ``seq`` (see ``fold``).
+
+``apply`` never mutates its arguments: it copies the maps it changes (structural sharing for the rest).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from msgspec.structs import replace
+
+from kernel.compiler import CompiledFlow
+from kernel.events import (
+    AgentStart,
+    BaseEvent,
+    CommandReceived,
+    EdgeFire,
+    EdgeSkip,
+    FlowComplete,
+    FlowPaused,
+    FlowResumed,
+    FlowStart,
+    FlowWaiting,
+    InboxConsumed,
+    LoopExhausted,
+    LoopIterate,
+    NodeComplete,
+    NodeError,
+    NodeSkipped,
+    NodeStart,
+    NodeWaiting,
+    StatePatch,
+)
+from kernel.snapshot import ForEachState, InboxMessage, NodeFault, RunSnapshot, Waiting
+from kernel.state_ops import apply_patch
+
+ALL: frozenset[str] = frozenset({"*"})  # "every node may be affected"
+
+
+def initial_snapshot(flow: CompiledFlow, start: FlowStart) -> RunSnapshot:
+    """The snapshot right after ``flow:start``."""
+    return RunSnapshot(
+        runId=start.flowRunId, status="running", seq=start.seq, flowHash=start.flowHash,
+        input=start.input, outputs={}, state=dict(flow.flow.state.initial),
+        nodeStatus={n: "pending" for n in flow.nodes}, edgeStatus={e: "pending" for e in flow.edges},
+        loopCounters={}, inbox={}, agentSessions={}, nodeRuns={},
+        parentRunId=start.parentRunId, parentNodeRunId=start.parentNodeRunId,
+    )
+
+
+def fold(flow: CompiledFlow, events: Iterable[BaseEvent], snapshot: RunSnapshot | None = None) -> RunSnapshot:
+    """Fold events into a snapshot; starts from ``flow:start`` when ``snapshot`` is None."""
+    snap = snapshot
+    for ev in events:
+        if snap is None:
+            if not isinstance(ev, FlowStart):
+                raise ValueError(f"a run's first event must be flow:start, not {ev.type}")
+            snap = initial_snapshot(flow, ev)
+            continue
+        snap, _ = apply(flow, snap, ev)
+    if snap is None:
+        raise ValueError("no events to fold")
+    return snap
+
+
+def apply(flow: CompiledFlow, snap: RunSnapshot, ev: BaseEvent) -> tuple[RunSnapshot, frozenset[str]]:
+    """The next snapshot, and the node ids whose scheduling may have changed (``ALL`` for all)."""
+    handler = _HANDLERS.get(type(ev))
+    if handler is None:
+        return replace(snap, seq=ev.seq), frozenset()
+    result: tuple[RunSnapshot, frozenset[str]] = handler(flow, snap, ev)
+    return result
+
+
+def _set(d: dict[str, Any], key: str, value: Any) -> dict[str, Any]:
+    out = dict(d)
+    out[key] = value
+    return out
+
+
+def _drop(d: dict[str, Any], *keys: str) -> dict[str, Any]:
+    if not any(k in d for k in keys):
+        return d
+    return {k: v for k, v in d.items() if k not in keys}
+
+
+def _node_of_run(snap: RunSnapshot, run_id: str) -> str | None:
+    for node_id, nr in snap.nodeRuns.items():
+        if nr == run_id:
+            return node_id
+    for node_id, fe in snap.forEach.items():
+        if run_id in fe.running.values():
+            return node_id
+    return None
+
+
+def _node_start(flow: CompiledFlow, s: RunSnapshot, ev: NodeStart) -> tuple[RunSnapshot, frozenset[str]]:
+    n = ev.nodeId or ""
+    run_id = ev.runId or ""
+    if ev.item is not None:
+        fe = s.forEach[n]
+        fe = replace(fe, running=_set(fe.running, str(ev.item), run_id))
+        return replace(s, seq=ev.seq, forEach=_set(s.forEach, n, fe)), frozenset({n})
+    inbox = s.inbox
+    if ev.resumedFrom is not None and ev.resumedFrom in inbox:
+        inbox = _drop(_set(inbox, run_id, [*inbox.get(run_id, []), *inbox[ev.resumedFrom]]), ev.resumedFrom)
+    return replace(
+        s, seq=ev.seq, nodeStatus=_set(s.nodeStatus, n, "running"), nodeRuns=_set(s.nodeRuns, n, run_id),
+        attempts=_set(s.attempts, n, ev.attempt), inbox=inbox, waiting=_drop(s.waiting, n),
+        resumedFrom=_drop(s.resumedFrom, n),
+    ), frozenset({n})
+
+
+def _item_result(s: RunSnapshot, n: str, item: int, result: dict[str, Any]) -> RunSnapshot:
+    fe = s.forEach[n]
+    results = list(fe.results)
+    results[item] = {"item": fe.items[item], **result}
+    fe = ForEachState(items=fe.items, results=results, running=_drop(fe.running, str(item)))
+    return replace(s, forEach=_set(s.forEach, n, fe))
+
+
+def _node_complete(flow: CompiledFlow, s: RunSnapshot, ev: NodeComplete) -> tuple[RunSnapshot, frozenset[str]]:
+    n = ev.nodeId or ""
+    if ev.item is not None:
+        s = _item_result(s, n, ev.item, {"output": ev.output})
+        return replace(s, seq=ev.seq, inbox=_drop(s.inbox, ev.runId or "")), frozenset({n})
+    return replace(
+        s, seq=ev.seq, nodeStatus=_set(s.nodeStatus, n, "done"), outputs=_set(s.outputs, n, ev.output),
+        inbox=_drop(s.inbox, ev.runId or ""), faults=_drop(s.faults, n), waiting=_drop(s.waiting, n),
+        forEach=_drop(s.forEach, n),
+    ), frozenset({n})
+
+
+def _node_error(flow: CompiledFlow, s: RunSnapshot, ev: NodeError) -> tuple[RunSnapshot, frozenset[str]]:
+    n = ev.nodeId or ""
+    if ev.willRetry:
+        return replace(s, seq=ev.seq), frozenset()
+    if ev.item is not None:
+        s = _item_result(s, n, ev.item, {"error": ev.message})
+        return replace(s, seq=ev.seq, inbox=_drop(s.inbox, ev.runId or "")), frozenset({n})
+    fault = NodeFault(errorType=ev.errorType, message=ev.message, runId=ev.runId)
+    return replace(
+        s, seq=ev.seq, nodeStatus=_set(s.nodeStatus, n, "failed"), faults=_set(s.faults, n, fault),
+        inbox=_drop(s.inbox, ev.runId or ""), waiting=_drop(s.waiting, n),
+    ), frozenset({n})
+
+
+def _node_skipped(flow: CompiledFlow, s: RunSnapshot, ev: NodeSkipped) -> tuple[RunSnapshot, frozenset[str]]:
+    n = ev.nodeId or ""
+    if ev.item is not None:
+        s = _item_result(s, n, ev.item, {"skipped": True})
+        return replace(s, seq=ev.seq), frozenset({n})
+    return replace(s, seq=ev.seq, nodeStatus=_set(s.nodeStatus, n, "skipped")), frozenset({n})
+
+
+def _node_waiting(flow: CompiledFlow, s: RunSnapshot, ev: NodeWaiting) -> tuple[RunSnapshot, frozenset[str]]:
+    n = ev.nodeId or ""
+    w = Waiting(runId=ev.runId or "", prompt=ev.prompt, schema=ev.schema)
+    return replace(s, seq=ev.seq, nodeStatus=_set(s.nodeStatus, n, "waiting"),
+                   waiting=_set(s.waiting, n, w)), frozenset({n})
+
+
+def _edge_fire(flow: CompiledFlow, s: RunSnapshot, ev: EdgeFire) -> tuple[RunSnapshot, frozenset[str]]:
+    for_each = s.forEach
+    if ev.items is not None:
+        for_each = _set(for_each, ev.to, ForEachState(items=ev.items, results=[None] * len(ev.items)))
+    return replace(s, seq=ev.seq, edgeStatus=_set(s.edgeStatus, ev.edgeId, "fired"),
+                   forEach=for_each), frozenset({ev.from_, ev.to})
+
+
+def _edge_skip(flow: CompiledFlow, s: RunSnapshot, ev: EdgeSkip) -> tuple[RunSnapshot, frozenset[str]]:
+    return replace(s, seq=ev.seq, edgeStatus=_set(s.edgeStatus, ev.edgeId, "skipped")), \
+        frozenset({ev.from_, ev.to})
+
+
+def _loop_iterate(flow: CompiledFlow, s: RunSnapshot, ev: LoopIterate) -> tuple[RunSnapshot, frozenset[str]]:
+    reset = flow.reset_sets[ev.edgeId]
+    node_status = dict(s.nodeStatus)
+    edge_status = dict(s.edgeStatus)
+    for n in reset:
+        node_status[n] = "pending"
+        for e in flow.outgoing[n]:
+            edge_status[e] = "pending"
+    return replace(
+        s, seq=ev.seq, nodeStatus=node_status, edgeStatus=edge_status,
+        loopCounters=_set(s.loopCounters, ev.edgeId, ev.iteration),
+        forEach=_drop(s.forEach, *reset), faults=_drop(s.faults, *reset), waiting=_drop(s.waiting, *reset),
+        attempts=_drop(s.attempts, *reset),
+    ), frozenset({*reset, flow.edges[ev.edgeId].source})
+
+
+def _loop_exhausted(flow: CompiledFlow, s: RunSnapshot, ev: LoopExhausted) -> tuple[RunSnapshot, frozenset[str]]:
+    return replace(s, seq=ev.seq), frozenset({flow.edges[ev.edgeId].source})
+
+
+def _state_patch(flow: CompiledFlow, s: RunSnapshot, ev: StatePatch) -> tuple[RunSnapshot, frozenset[str]]:
+    return replace(s, seq=ev.seq, state=apply_patch(s.state, ev.op, ev.path, ev.value)), frozenset()
+
+
+def _command(flow: CompiledFlow, s: RunSnapshot, ev: CommandReceived) -> tuple[RunSnapshot, frozenset[str]]:
+    if not ev.accepted or ev.command not in ("send", "reply") or ev.target is None:
+        return replace(s, seq=ev.seq), frozenset()
+    msg = InboxMessage(kind=ev.command, content=ev.content, seq=ev.seq)
+    inbox = _set(s.inbox, ev.target, [*s.inbox.get(ev.target, []), msg])
+    node = _node_of_run(s, ev.target)
+    return replace(s, seq=ev.seq, inbox=inbox), frozenset({node} if node else ())
+
+
+def _inbox_consumed(flow: CompiledFlow, s: RunSnapshot, ev: InboxConsumed) -> tuple[RunSnapshot, frozenset[str]]:
+    run_id = ev.runId or ""
+    rest = s.inbox.get(run_id, [])[ev.count:]
+    inbox = _set(s.inbox, run_id, rest) if rest else _drop(s.inbox, run_id)
+    return replace(s, seq=ev.seq, inbox=inbox), frozenset()
+
+
+def _flow_paused(flow: CompiledFlow, s: RunSnapshot, ev: FlowPaused) -> tuple[RunSnapshot, frozenset[str]]:
+    return replace(s, seq=ev.seq, status="paused"), frozenset()
+
+
+def _flow_waiting(flow: CompiledFlow, s: RunSnapshot, ev: FlowWaiting) -> tuple[RunSnapshot, frozenset[str]]:
+    return replace(s, seq=ev.seq, status="waiting"), frozenset()
+
+
+def _flow_complete(flow: CompiledFlow, s: RunSnapshot, ev: FlowComplete) -> tuple[RunSnapshot, frozenset[str]]:
+    return replace(s, seq=ev.seq, status=ev.status, error=ev.error), frozenset()
+
+
+def _flow_resumed(flow: CompiledFlow, s: RunSnapshot, ev: FlowResumed) -> tuple[RunSnapshot, frozenset[str]]:
+    """Node runs that were running when the run stopped are interrupted: they start again, and the
+    resume message goes to each of them. With ``retry``, failed nodes start again too."""
+    node_status = dict(s.nodeStatus)
+    resumed_from = dict(s.resumedFrom)
+    inbox = dict(s.inbox)
+    faults = dict(s.faults)
+    attempts = dict(s.attempts)
+    for_each = dict(s.forEach)
+    interrupted: list[str] = []
+    for n, st in s.nodeStatus.items():
+        if st == "running":
+            fe = for_each.get(n)
+            if fe is not None and fe.running:
+                interrupted.extend(fe.running.values())
+                for_each[n] = ForEachState(items=fe.items, results=fe.results)
+            if n in s.nodeRuns and (fe is None):
+                interrupted.append(s.nodeRuns[n])
+                resumed_from[n] = s.nodeRuns[n]
+                node_status[n] = "pending"
+        elif st == "failed" and ev.retry and not flow.nodes[n].policy.continueOnError:
+            node_status[n] = "pending"
+            faults.pop(n, None)
+            attempts.pop(n, None)
+            if n in s.nodeRuns:
+                resumed_from[n] = s.nodeRuns[n]
+        if ev.retry and n in for_each:
+            fe = for_each[n]
+            if any(isinstance(r, dict) and "error" in r for r in fe.results):
+                results = [None if isinstance(r, dict) and "error" in r else r for r in fe.results]
+                for_each[n] = ForEachState(items=fe.items, results=results)
+                if node_status[n] == "failed":
+                    node_status[n] = "running"
+    if ev.message is not None:
+        for run_id in interrupted:
+            inbox[run_id] = [*inbox.get(run_id, []), InboxMessage(kind="resume", content=ev.message, seq=ev.seq)]
+    return replace(s, seq=ev.seq, status="running", error=None, nodeStatus=node_status, resumedFrom=resumed_from,
+                   inbox=inbox, faults=faults, attempts=attempts, forEach=for_each), ALL
+
+
+def _agent_start(flow: CompiledFlow, s: RunSnapshot, ev: AgentStart) -> tuple[RunSnapshot, frozenset[str]]:
+    return replace(s, seq=ev.seq, agentSessions=_set(s.agentSessions, ev.nodeId or "", ev.sessionId)), frozenset()
+
+
+def _flow_start(flow: CompiledFlow, s: RunSnapshot, ev: FlowStart) -> tuple[RunSnapshot, frozenset[str]]:
+    return initial_snapshot(flow, ev), ALL
+
+
+_HANDLERS: dict[type[BaseEvent], Any] = {
+    FlowStart: _flow_start, FlowPaused: _flow_paused, FlowResumed: _flow_resumed, FlowWaiting: _flow_waiting,
+    FlowComplete: _flow_complete, NodeStart: _node_start, NodeComplete: _node_complete, NodeError: _node_error,
+    NodeSkipped: _node_skipped, NodeWaiting: _node_waiting, EdgeFire: _edge_fire, EdgeSkip: _edge_skip,
+    LoopIterate: _loop_iterate, LoopExhausted: _loop_exhausted, StatePatch: _state_patch,
+    CommandReceived: _command, InboxConsumed: _inbox_consumed, AgentStart: _agent_start,
+}

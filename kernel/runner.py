@@ -1,0 +1,351 @@
+"""The run shell: executes node tasks, feeds their events through the reducer, persists.
+
+One ``RunExecution`` per executing run, owning a task group; every node run is a task in it.
+The loop is: receive what nodes and commands send → stamp and apply each event → ask the
+scheduling rules what follows → commit events and snapshot in one transaction → only then start
+the node runs that were decided. Transitions that arrive together are committed together.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from collections.abc import Callable, Coroutine
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import msgspec
+from anyio.abc import TaskGroup
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from kernel.commands import Command, CommandOutcome, judge_command
+from kernel.compiler import CompiledFlow
+from kernel.errors import FlowkernelError, NodeFailure, StoreError
+from kernel.events import (
+    BaseEvent,
+    FlowComplete,
+    FlowPaused,
+    NodeComplete,
+    NodeError,
+    NodeStart,
+    NodeWaiting,
+    StatePatch,
+    decode,
+    encode,
+)
+from kernel.ids import new_node_run_id, now_ms
+from kernel.node import NodeContext, WaitFor
+from kernel.reducer import ALL, apply
+from kernel.registry import Registry
+from kernel.scheduling import decide
+from kernel.snapshot import InboxMessage, RunSnapshot, encode_snapshot
+from kernel.store.base import EventRow, Store
+
+EventListener = Callable[[BaseEvent], None]
+
+CHECKPOINT_MIN_BYTES = 64 * 1024
+COMMAND_POLL_S = 0.05
+
+
+@dataclass(slots=True)
+class _Durable:
+    draft: BaseEvent
+    done: anyio.Event = field(default_factory=anyio.Event)
+    error: BaseException | None = None
+
+
+@dataclass(slots=True)
+class _Incoming:
+    command: Command
+    command_id: int | None = None
+    reply: Callable[[CommandOutcome], None] | None = None
+
+
+_Message = BaseEvent | _Durable | _Incoming
+
+
+class RunExecution:
+    """Executes one run from its current snapshot until it stops (completes, fails, pauses, waits)."""
+
+    def __init__(self, *, flow: CompiledFlow, snapshot: RunSnapshot, store: Store, registry: Registry,
+                 listeners: list[EventListener] | None = None, services: dict[str, Any] | None = None,
+                 checkpoint_size: int = 0) -> None:
+        self.flow = flow
+        self.registry = registry
+        self.store = store
+        self.snap = snapshot
+        self._services = services or {}
+        self._listeners = listeners or []
+        self._send: MemoryObjectSendStream[_Message]
+        self._recv: MemoryObjectReceiveStream[_Message]
+        self._send, self._recv = anyio.create_memory_object_stream[_Message](math.inf)
+        self._rows: list[EventRow] = []
+        self._applied: list[BaseEvent] = []
+        self._waiters: list[_Durable] = []
+        self._dirty: set[str] = set()
+        self._active: dict[tuple[str, int | None], anyio.CancelScope | None] = {}
+        self._to_launch: list[NodeStart] = []
+        self._finished_commands: list[tuple[int, int]] = []
+        self._bytes_since_checkpoint = 0
+        self._checkpoint_size = checkpoint_size
+        self._pause = False
+        self._tg: TaskGroup | None = None
+
+    # -- what node contexts use -------------------------------------------------------------
+
+    @property
+    def services(self) -> dict[str, Any]:
+        return self._services
+
+    def current_state(self) -> dict[str, Any]:
+        return self.snap.state
+
+    def current_snapshot(self) -> RunSnapshot:
+        return self.snap
+
+    def current_inbox(self, run_id: str) -> list[InboxMessage]:
+        return self.snap.inbox.get(run_id, [])
+
+    def submit(self, draft: BaseEvent) -> None:
+        self._send.send_nowait(draft)
+
+    async def submit_durable(self, draft: BaseEvent) -> None:
+        req = _Durable(draft)
+        self._send.send_nowait(req)
+        await req.done.wait()
+        if req.error is not None:
+            raise req.error
+
+    def pause_requested(self) -> bool:
+        return self._pause
+
+    def deliver(self, command: Command, command_id: int | None = None,
+                reply: Callable[[CommandOutcome], None] | None = None) -> None:
+        """Hand a command to this execution (from this process or the store's command queue)."""
+        self._send.send_nowait(_Incoming(command, command_id, reply))
+
+    # -- the loop ---------------------------------------------------------------------------
+
+    async def execute(self, first: list[BaseEvent],
+                      background: list[Callable[[RunExecution], Coroutine[Any, Any, None]]] | None = None) -> RunSnapshot:
+        """Append ``first`` (e.g. ``flow:resumed``), then run until the run stops.
+
+        ``background`` tasks (command polling, lease renewal) live in the run's task group and are
+        cancelled when it stops.
+        """
+        async with anyio.create_task_group() as tg:
+            self._tg = tg
+            for task in background or []:
+                tg.start_soon(task, self)
+            for draft in first:
+                self._append(draft)
+            self._dirty |= set(self.flow.nodes)
+            self._step()
+            while self.snap.status == "running" or self._active:
+                if self.snap.status != "running":
+                    self._stop_tasks()
+                    if not self._active:
+                        break
+                msg = await self._recv.receive()
+                batch = [msg]
+                while True:
+                    try:
+                        batch.append(self._recv.receive_nowait())
+                    except anyio.WouldBlock:
+                        break
+                for m in batch:
+                    self._handle(m)
+                self._step()
+            tg.cancel_scope.cancel()
+        return self.snap
+
+    def _handle(self, msg: _Message) -> None:
+        if isinstance(msg, _Durable):
+            try:
+                self._append(msg.draft)
+            except Exception as exc:
+                msg.error = exc
+                msg.done.set()
+                return
+            self._waiters.append(msg)
+        elif isinstance(msg, _Incoming):
+            self._handle_command(msg)
+        else:
+            if self.snap.status != "running" and msg.nodeId is not None and self._active_key(msg) not in self._active:
+                return  # a node cancelled as the run stopped; its late words change nothing
+            self._append(msg)
+
+    def _active_key(self, ev: BaseEvent) -> tuple[str, int | None]:
+        return (ev.nodeId or "", getattr(ev, "item", None))
+
+    def _handle_command(self, msg: _Incoming) -> None:
+        outcome = judge_command(self.flow, self.snap, msg.command, executing=True)
+        received = self._append(outcome.record)
+        if msg.command_id is not None:
+            self._finished_commands.append((msg.command_id, received.seq))
+        if outcome.accepted:
+            if msg.command.kind == "pause":
+                self._pause = True
+                self._append(FlowPaused(reason=msg.command.reason or "pause requested", cause=received.seq))
+            elif msg.command.kind == "abort":
+                self._append(FlowComplete(status="aborted", error=msg.command.reason or "aborted", cause=received.seq))
+        if msg.reply is not None:
+            msg.reply(outcome)
+
+    def _append(self, draft: BaseEvent) -> BaseEvent:
+        """Stamp, normalise (JSON round trip), apply and buffer one event."""
+        draft.seq = self.snap.seq + 1
+        draft.timestamp = now_ms()
+        draft.flowRunId = self.snap.runId
+        try:
+            body = encode(draft)
+        except (TypeError, msgspec.EncodeError) as exc:
+            if isinstance(draft, NodeComplete):
+                draft = NodeError(nodeId=draft.nodeId, runId=draft.runId, item=draft.item,
+                                  errorType="invalid_output", message=f"output is not JSON: {exc}",
+                                  attempt=self.snap.attempts.get(draft.nodeId or "", 1))
+                return self._append(draft)
+            raise
+        event = decode(body)
+        try:
+            self.snap, touched = apply(self.flow, self.snap, event)
+        except NodeFailure as exc:
+            if isinstance(event, StatePatch):
+                print(f"flowkernel: dropped state patch from {event.nodeId}: {exc}", file=sys.stderr)
+                return event
+            raise
+        if touched is ALL:
+            self._dirty |= set(self.flow.nodes)
+        else:
+            self._dirty |= touched
+        if isinstance(event, NodeComplete | NodeWaiting) or (isinstance(event, NodeError) and not event.willRetry):
+            self._active.pop(self._active_key(event), None)
+        self._rows.append((event.seq, event.type, event.nodeId, event.runId, event.timestamp, body))
+        self._applied.append(event)
+        self._bytes_since_checkpoint += len(body)
+        return event
+
+    def _step(self) -> None:
+        while self.snap.status == "running":
+            decision = decide(self.flow, self.snap, self._dirty, len(self._active))
+            self._dirty = decision.deferred
+            if not decision.drafts:
+                break
+            starts: list[NodeStart] = []
+            for draft in decision.drafts:
+                if isinstance(draft, NodeStart) and not draft.runId:
+                    draft.runId = new_node_run_id()
+                    starts.append(draft)
+                    self._active[self._active_key(draft)] = None
+                self._append(draft)
+            for s in starts:  # a start followed by its own error (bad binding) or a forEach group: no task
+                key = self._active_key(s)
+                if self._launchable(s):
+                    self._to_launch.append(s)
+                else:
+                    self._active.pop(key, None)
+        self._commit()
+        if self.snap.status == "running" and self._tg is not None:
+            for s in self._to_launch:
+                scope = anyio.CancelScope()
+                self._active[self._active_key(s)] = scope
+                self._tg.start_soon(self._run_node, s, scope)
+        self._to_launch = []
+
+    def _launchable(self, s: NodeStart) -> bool:
+        n = s.nodeId or ""
+        if s.item is not None:
+            fe = self.snap.forEach.get(n)
+            return fe is not None and fe.running.get(str(s.item)) == s.runId
+        return self.snap.nodeStatus.get(n) == "running" and self.snap.nodeRuns.get(n) == s.runId \
+            and n not in self.snap.forEach
+
+    def _commit(self) -> None:
+        if not self._rows and not self._finished_commands:
+            return
+        checkpoint = None
+        stopped = self.snap.status != "running"
+        if stopped or self._bytes_since_checkpoint >= max(self._checkpoint_size, CHECKPOINT_MIN_BYTES):
+            checkpoint = encode_snapshot(self.snap)
+            self._checkpoint_size = len(checkpoint)
+            self._bytes_since_checkpoint = 0
+        rows, applied, waiters = self._rows, self._applied, self._waiters
+        self._rows, self._applied, self._waiters = [], [], []
+        try:
+            self.store.commit(self.snap.runId, rows, self.snap.status, self.snap.seq, self.snap.error, checkpoint)
+            for cid, seq in self._finished_commands:
+                self.store.finish_command(cid, seq)
+            self._finished_commands = []
+        except FlowkernelError as exc:
+            # Never run on with unsaved state: stop every node and surface the failure.
+            for w in waiters:
+                w.error = exc
+                w.done.set()
+            self._stop_tasks()
+            raise StoreError(f"run {self.snap.runId}: cannot save the snapshot, stopping: {exc}") from exc
+        for w in waiters:
+            w.done.set()
+        for ev in applied:
+            for listener in self._listeners:
+                listener(ev)
+
+    def _stop_tasks(self) -> None:
+        for key, scope in list(self._active.items()):
+            if scope is not None:
+                scope.cancel()
+            self._active.pop(key, None)
+
+    # -- one node run -----------------------------------------------------------------------
+
+    async def _run_node(self, start: NodeStart, scope: anyio.CancelScope) -> None:
+        with scope:
+            await self._attempts(start)
+
+    async def _attempts(self, start: NodeStart) -> None:
+        node = self.flow.nodes[start.nodeId or ""]
+        node_type = self.registry.node_types[node.type]
+        policy = node.policy
+        max_attempts = policy.retry.maxAttempts if policy.retry else 1
+        backoff_ms = policy.retry.backoffMs if policy.retry else 0
+        attempt, run_id = start.attempt, start.runId or ""
+        while True:
+            ctx = NodeContext(self, node_id=node.id, run_id=run_id, flow_run_id=self.snap.runId, attempt=attempt,
+                              input=start.input, item=start.item, resumed_from=start.resumedFrom)
+            began = time.monotonic()
+            try:
+                limit = anyio.fail_after(policy.timeoutMs / 1000) if policy.timeoutMs else nullcontext()
+                with limit:
+                    result = await node_type.run(ctx)
+            except Exception as exc:
+                error_type, message = _describe(exc, policy.timeoutMs)
+                will_retry = attempt < max_attempts and not self._pause
+                self.submit(NodeError(nodeId=node.id, runId=run_id, item=start.item, errorType=error_type,
+                                      message=message, attempt=attempt, willRetry=will_retry))
+                if not will_retry:
+                    return
+                await anyio.sleep(backoff_ms * (2 ** (attempt - 1)) / 1000)
+                attempt += 1
+                run_id = new_node_run_id()
+                await self.submit_durable(NodeStart(nodeId=node.id, runId=run_id, attempt=attempt,
+                                                    input=start.input, item=start.item))
+                continue
+            duration = int((time.monotonic() - began) * 1000)
+            if isinstance(result, WaitFor):
+                self.submit(NodeWaiting(nodeId=node.id, runId=run_id, prompt=result.prompt, schema=result.schema))
+            else:
+                self.submit(NodeComplete(nodeId=node.id, runId=run_id, item=start.item, output=result,
+                                         durationMs=duration))
+            return
+
+
+def _describe(exc: Exception, timeout_ms: int | None) -> tuple[str, str]:
+    if isinstance(exc, TimeoutError) and timeout_ms:
+        return "timeout", f"timed out after {timeout_ms} ms"
+    if isinstance(exc, NodeFailure):
+        return exc.error_type, str(exc)
+    if isinstance(exc, FlowkernelError):
+        return type(exc).__name__, str(exc)
+    return type(exc).__name__, str(exc) or type(exc).__name__

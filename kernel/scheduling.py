@@ -1,0 +1,270 @@
+"""The scheduling rules (DESIGN §3), pure: given a snapshot, which events must happen next.
+
+``decide`` looks at the nodes whose situation may have changed and returns drafts: edge decisions,
+loop iterations, skips, node starts (``runId`` left empty for the shell to fill), forEach items and
+their aggregate, waiting and completion of the run. Applying the drafts through the reducer and
+deciding again until nothing is left is one step of the run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from kernel.compiler import CompiledFlow, CompiledNode
+from kernel.errors import ExpressionError
+from kernel.events import (
+    BaseEvent,
+    EdgeFire,
+    EdgeSkip,
+    FlowComplete,
+    FlowWaiting,
+    LoopExhausted,
+    LoopIterate,
+    NodeComplete,
+    NodeError,
+    NodeSkipped,
+    NodeStart,
+)
+from kernel.snapshot import ForEachState, RunSnapshot
+
+
+@dataclass(slots=True)
+class Decision:
+    drafts: list[BaseEvent] = field(default_factory=list)
+    deferred: set[str] = field(default_factory=set)  # ready, but no capacity yet
+
+
+def binding_context(snap: RunSnapshot) -> dict[str, Any]:
+    """What ``{{ }}`` and ``when`` see: ``flow.input``, ``state`` and every node's output."""
+    ctx: dict[str, Any] = dict(snap.outputs)
+    ctx["flow"] = {"input": snap.input}
+    ctx["state"] = snap.state
+    return ctx
+
+
+def item_variables(fe: ForEachState, index: int, as_name: str, ctx: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Context and variables for forEach item ``index``: the ``as`` name, $iteration, $first, $last."""
+    item_ctx = dict(ctx)
+    item_ctx[as_name] = fe.items[index]
+    variables = {"iteration": index, "first": index == 0, "last": index == len(fe.items) - 1}
+    return item_ctx, variables
+
+
+def running_count(snap: RunSnapshot) -> int:
+    """Node runs that occupy a concurrency slot."""
+    count = 0
+    for n, st in snap.nodeStatus.items():
+        if st == "running":
+            fe = snap.forEach.get(n)
+            count += len(fe.running) if fe is not None else 1
+    return count
+
+
+def decide(flow: CompiledFlow, snap: RunSnapshot, candidates: Iterable[str], running: int,
+           finish: bool = True) -> Decision:
+    """Drafts for what must happen next. ``running`` is the number of node runs in flight."""
+    if snap.status != "running":
+        return Decision()
+    decision = Decision()
+    capacity = flow.max_concurrency - running
+    ctx: dict[str, Any] | None = None
+    order = sorted({c for c in candidates if c in flow.nodes}, key=lambda n: flow.nodes[n].index)
+    for pos, n in enumerate(order):
+        st = snap.nodeStatus[n]
+        node = flow.nodes[n]
+        if st in ("done", "skipped") or (st == "failed" and node.policy.continueOnError):
+            if ctx is None:
+                ctx = binding_context(snap)
+            stop = _decide_edges(flow, snap, n, ctx, decision)
+            if stop:  # a loop reset its own source: decide again on the new snapshot
+                decision.deferred.update(order[pos + 1:])
+                return decision
+        elif st == "failed":
+            fault = snap.faults.get(n)
+            reason = f"node {n!r} failed: {fault.message}" if fault else f"node {n!r} failed"
+            decision.drafts.append(FlowComplete(status="failed", error=reason))
+            return decision
+        elif st == "pending":
+            verdict = _gate(flow, snap, n)
+            if verdict == "wait":
+                continue
+            if verdict == "skip":
+                decision.drafts.append(NodeSkipped(nodeId=n, reason="edge"))
+                continue
+            if capacity <= 0 and n not in flow.for_each_into:
+                decision.deferred.add(n)
+                continue
+            if ctx is None:
+                ctx = binding_context(snap)
+            capacity -= _start(flow, snap, node, ctx, decision)
+        elif st == "running" and n in snap.forEach:
+            if ctx is None:
+                ctx = binding_context(snap)
+            capacity -= _advance_for_each(flow, snap, node, ctx, capacity, decision)
+        elif st == "waiting":
+            w = snap.waiting.get(n)
+            if w is not None and snap.inbox.get(w.runId):
+                if capacity <= 0:
+                    decision.deferred.add(n)
+                    continue
+                capacity -= 1
+                decision.drafts.append(NodeStart(nodeId=n, attempt=snap.attempts.get(n, 1),
+                                                 input=_resolve(node, binding_context(snap)),
+                                                 resumedFrom=w.runId))
+    if finish and not decision.drafts and not decision.deferred and running == 0:
+        _finish(flow, snap, decision)
+    return decision
+
+
+def _decide_edges(flow: CompiledFlow, snap: RunSnapshot, n: str, ctx: dict[str, Any],
+                  decision: Decision) -> bool:
+    skipped = snap.nodeStatus[n] == "skipped"
+    for eid in flow.outgoing[n]:
+        if snap.edgeStatus[eid] != "pending":
+            continue
+        e = flow.edges[eid]
+        if skipped:
+            decision.drafts.append(EdgeSkip(edgeId=eid, from_=e.source, to=e.target))
+            continue
+        counter = snap.loopCounters.get(eid, 0)
+        try:
+            fires = e.when.holds(ctx, {"iteration": counter} if e.is_loop else None)
+        except ExpressionError as exc:
+            decision.drafts.append(FlowComplete(status="failed", error=f"edge {eid!r}: when failed: {exc}"))
+            return True
+        if not fires:
+            decision.drafts.append(EdgeSkip(edgeId=eid, from_=e.source, to=e.target))
+        elif e.is_loop:
+            if counter >= (e.max_iterations or 0):
+                decision.drafts.append(LoopExhausted(edgeId=eid, iteration=counter))
+                decision.drafts.append(EdgeSkip(edgeId=eid, from_=e.source, to=e.target))
+            else:
+                decision.drafts.append(EdgeFire(edgeId=eid, from_=e.source, to=e.target))
+                decision.drafts.append(LoopIterate(edgeId=eid, iteration=counter + 1))
+                if n in flow.reset_sets[eid]:
+                    return True
+        elif e.for_each is not None:
+            try:
+                items = e.for_each.evaluate(ctx)
+            except ExpressionError as exc:
+                decision.drafts.append(FlowComplete(status="failed", error=f"edge {eid!r}: forEach.in failed: {exc}"))
+                return True
+            if items is None:
+                items = []
+            elif not isinstance(items, list):
+                items = [items]
+            decision.drafts.append(EdgeFire(edgeId=eid, from_=e.source, to=e.target, items=items))
+        else:
+            decision.drafts.append(EdgeFire(edgeId=eid, from_=e.source, to=e.target))
+    return False
+
+
+def _gate(flow: CompiledFlow, snap: RunSnapshot, n: str) -> str:
+    """``ready``, ``skip`` or ``wait`` for a pending node, from its non-loop incoming edges."""
+    incoming = flow.incoming[n]
+    if not incoming:
+        return "ready"
+    fired = skipped = 0
+    for eid in incoming:
+        st = snap.edgeStatus[eid]
+        if st == "pending":
+            return "wait"
+        if st == "fired":
+            fired += 1
+        else:
+            skipped += 1
+    if flow.gates[n] == "any":
+        return "ready" if fired else "skip"
+    return "skip" if skipped else "ready"
+
+
+def _resolve(node: CompiledNode, ctx: Mapping[str, Any], variables: Mapping[str, Any] | None = None) -> Any:
+    return node.input.render(ctx, variables)
+
+
+def _start(flow: CompiledFlow, snap: RunSnapshot, node: CompiledNode, ctx: dict[str, Any],
+           decision: Decision) -> int:
+    """Start a ready node (or skip it); returns the concurrency slots taken."""
+    n = node.id
+    attempt = snap.attempts.get(n, 0) + 1
+    resumed = snap.resumedFrom.get(n)
+    fe = snap.forEach.get(n)
+    if fe is not None:
+        # The group run: its items start as separate node runs, within capacity.
+        decision.drafts.append(NodeStart(nodeId=n, attempt=attempt, input={"items": fe.items},
+                                         resumedFrom=resumed))
+        return 0
+    try:
+        if not node.when.holds(ctx):
+            decision.drafts.append(NodeSkipped(nodeId=n, reason="when"))
+            return 0
+        value = _resolve(node, ctx)
+    except ExpressionError as exc:
+        decision.drafts.append(NodeStart(nodeId=n, attempt=attempt, input=None, resumedFrom=resumed))
+        decision.drafts.append(NodeError(nodeId=n, errorType="binding_error", message=str(exc), attempt=attempt))
+        return 0
+    decision.drafts.append(NodeStart(nodeId=n, attempt=attempt, input=value, resumedFrom=resumed))
+    return 1
+
+
+def _advance_for_each(flow: CompiledFlow, snap: RunSnapshot, node: CompiledNode, ctx: dict[str, Any],
+                      capacity: int, decision: Decision) -> int:
+    n = node.id
+    fe = snap.forEach[n]
+    if all(r is not None for r in fe.results) and not fe.running:
+        errors = [r for r in fe.results if isinstance(r, dict) and "error" in r]
+        if errors and not node.policy.continueOnError:
+            decision.drafts.append(NodeError(
+                nodeId=n, runId=snap.nodeRuns.get(n), errorType="item_failed", attempt=snap.attempts.get(n, 1),
+                message=f"{len(errors)} of {len(fe.items)} items failed; first: {errors[0]['error']}"))
+        else:
+            decision.drafts.append(NodeComplete(nodeId=n, runId=snap.nodeRuns.get(n),
+                                                output={"iterations": list(fe.results)}))
+        return 0
+    edge = flow.edges[flow.for_each_into[n]]
+    taken = 0
+    for i, result in enumerate(fe.results):
+        if result is not None or str(i) in fe.running:
+            continue
+        if taken >= capacity:
+            decision.deferred.add(n)
+            break
+        item_ctx, variables = item_variables(fe, i, edge.for_each_as, ctx)
+        try:
+            if not node.when.holds(item_ctx, variables):
+                decision.drafts.append(NodeSkipped(nodeId=n, reason="when", item=i))
+                continue
+            value = _resolve(node, item_ctx, variables)
+        except ExpressionError as exc:
+            decision.drafts.append(NodeStart(nodeId=n, item=i, input=None))
+            decision.drafts.append(NodeError(nodeId=n, item=i, errorType="binding_error", message=str(exc)))
+            continue
+        decision.drafts.append(NodeStart(nodeId=n, item=i, input=value))
+        taken += 1
+    return taken
+
+
+def _finish(flow: CompiledFlow, snap: RunSnapshot, decision: Decision) -> None:
+    """Nothing in flight and nothing to do: the run completes, waits, or is stuck."""
+    statuses = snap.nodeStatus
+    if any(st == "waiting" for st in statuses.values()):
+        decision.drafts.append(FlowWaiting(reason="waiting for input: " + ", ".join(
+            n for n, st in statuses.items() if st == "waiting")))
+        return
+    stuck = [n for n, st in statuses.items() if st in ("pending", "running")]
+    if not stuck:
+        decision.drafts.append(FlowComplete(status="completed"))
+        return
+    # The candidates given may have missed something: look at every node before declaring it stuck.
+    again = decide_all(flow, snap)
+    if again.drafts:
+        decision.drafts.extend(again.drafts)
+        return
+    decision.drafts.append(FlowComplete(status="failed", error="no node can start: " + ", ".join(stuck)))
+
+
+def decide_all(flow: CompiledFlow, snap: RunSnapshot) -> Decision:
+    """``decide`` over every node, without the completion check."""
+    return decide(flow, snap, flow.nodes, running_count(snap), finish=False)

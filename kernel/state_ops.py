@@ -1,0 +1,63 @@
+"""State patches (``set``, ``merge``, ``append`` at a dotted path), applied without mutation."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kernel.errors import NodeFailure
+
+OPS = ("set", "merge", "append")
+
+
+def split_path(path: str) -> list[str]:
+    return [p for p in path.split(".") if p] if path else []
+
+
+def get_path(state: Any, path: str) -> Any:
+    cur = state
+    for key in split_path(path):
+        if not isinstance(cur, dict) or key not in cur:
+            return None
+        cur = cur[key]
+    return cur
+
+
+def apply_patch(state: dict[str, Any], op: str, path: str, value: Any) -> dict[str, Any]:
+    """A new state with the patch applied; containers along the path are copied, the rest shared."""
+    keys = split_path(path)
+    if not keys:
+        if op == "set":
+            if not isinstance(value, dict):
+                raise NodeFailure("setting the whole state needs an object", "state_error")
+            return dict(value)
+        if op == "merge":
+            if not isinstance(value, dict):
+                raise NodeFailure("merge needs an object", "state_error")
+            return {**state, **value}
+        raise NodeFailure("append needs a path to a list", "state_error")
+    return _patch(state, keys, op, value, path)
+
+
+def _patch(node: dict[str, Any], keys: list[str], op: str, value: Any, path: str) -> dict[str, Any]:
+    out = dict(node)
+    head = keys[0]
+    if len(keys) > 1:
+        child = node.get(head)
+        out[head] = _patch(child if isinstance(child, dict) else {}, keys[1:], op, value, path)
+        return out
+    current = node.get(head)
+    if op == "set":
+        out[head] = value
+    elif op == "merge":
+        if current is not None and not isinstance(current, dict):
+            raise NodeFailure(f"state.{path} is not an object; cannot merge into it", "state_error")
+        if not isinstance(value, dict):
+            raise NodeFailure(f"merge into state.{path} needs an object", "state_error")
+        out[head] = {**(current or {}), **value}
+    elif op == "append":
+        if current is not None and not isinstance(current, list):
+            raise NodeFailure(f"state.{path} is not a list; cannot append to it", "state_error")
+        out[head] = [*(current or []), value]
+    else:
+        raise NodeFailure(f"unknown state op {op!r}; use one of {', '.join(OPS)}", "state_error")
+    return out

@@ -1,0 +1,84 @@
+"""The store protocol: runs, their event log, snapshot checkpoints, commands, leases, agent rows.
+
+A run's snapshot is stored as a checkpoint plus the events after it; ``commit`` appends events and
+updates the run row in one transaction, and writes a new checkpoint only when asked (compaction),
+so a transition costs what changed, not the size of the run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import msgspec
+
+
+class RunRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
+    runId: str
+    flowName: str
+    flowHash: str
+    status: str
+    seq: int
+    input: Any
+    createdAt: int
+    updatedAt: int
+    error: str | None = None
+    parentRunId: str | None = None
+    parentNodeRunId: str | None = None
+    forkedFrom: str | None = None
+    forkedAt: int | None = None
+    flowSource: str | None = None
+    leaseOwner: str | None = None
+    leaseExpiresAt: int | None = None
+
+
+class CommandRow(msgspec.Struct, kw_only=True):
+    id: int
+    runId: str
+    body: dict[str, Any]
+    createdAt: int
+
+
+class Store(Protocol):
+    """Where runs live. Implementations: MemoryStore, SqliteStore, PostgresStore."""
+
+    location: str
+
+    # flows and runs
+    def put_flow(self, flow_hash: str, name: str, document: str) -> None: ...
+    def get_flow(self, flow_hash: str) -> str: ...
+    def create_run(self, record: RunRecord, events: Sequence[tuple[int, str, str | None, str | None, int, bytes]],
+                   checkpoint: bytes) -> None: ...
+    def get_run(self, run_id: str) -> RunRecord: ...
+    def list_runs(self, status: str | None = None, parent: str | None = None, limit: int = 1000) -> list[RunRecord]: ...
+
+    # the log
+    def commit(self, run_id: str, events: Sequence[tuple[int, str, str | None, str | None, int, bytes]],
+               status: str, seq: int, error: str | None, checkpoint: bytes | None) -> None: ...
+    def read_events(self, run_id: str, after: int = 0, until: int | None = None) -> list[bytes]: ...
+    def read_checkpoint(self, run_id: str, at_most: int | None = None) -> tuple[int, bytes] | None: ...
+
+    # commands from other processes
+    def enqueue_command(self, run_id: str, body: dict[str, Any]) -> int: ...
+    def pending_commands(self, run_id: str) -> list[CommandRow]: ...
+    def finish_command(self, command_id: int, seq: int) -> None: ...
+    def change_token(self) -> int: ...
+
+    # one executor per run
+    def acquire_lease(self, run_id: str, owner: str, now_ms: int, ttl_ms: int) -> str | None: ...
+    def release_lease(self, run_id: str, owner: str) -> None: ...
+
+    # agent conversations (DESIGN §7)
+    def add_agent_message(self, row: dict[str, Any]) -> int: ...
+    def list_agent_messages(self, *, run_id: str | None = None, session_id: str | None = None,
+                            flow_run_id: str | None = None, after: int = 0, limit: int = 100) -> list[dict[str, Any]]: ...
+    def add_tool_call(self, row: dict[str, Any]) -> int: ...
+    def list_tool_calls(self, *, run_id: str | None = None, session_id: str | None = None,
+                        flow_run_id: str | None = None, tool_name: str | None = None, status: str | None = None,
+                        after: int = 0, limit: int = 100) -> list[dict[str, Any]]: ...
+
+    def close(self) -> None: ...
+
+
+# An event row as the shell hands it to ``commit``: (seq, type, nodeId, node runId, timestamp, body).
+EventRow = tuple[int, str, str | None, str | None, int, bytes]

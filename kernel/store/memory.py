@@ -1,0 +1,146 @@
+"""An in-memory store, for tests and embedding; same behaviour as SqliteStore, nothing durable."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from msgspec.structs import replace
+
+from kernel.errors import StoreError, UnknownRunError
+from kernel.ids import now_ms
+from kernel.store.base import CommandRow, EventRow, RunRecord
+
+
+class MemoryStore:
+    def __init__(self) -> None:
+        self.location = "memory"
+        self._lock = threading.Lock()
+        self._flows: dict[str, str] = {}
+        self._runs: dict[str, RunRecord] = {}
+        self._events: dict[str, list[bytes]] = {}
+        self._checkpoints: dict[str, list[tuple[int, bytes]]] = {}
+        self._commands: dict[int, tuple[CommandRow, int | None]] = {}
+        self._ids = itertools.count(1)
+        self._version = 0
+        self._messages: list[dict[str, Any]] = []
+        self._tool_calls: list[dict[str, Any]] = []
+
+    def put_flow(self, flow_hash: str, name: str, document: str) -> None:
+        self._flows.setdefault(flow_hash, document)
+
+    def get_flow(self, flow_hash: str) -> str:
+        try:
+            return self._flows[flow_hash]
+        except KeyError:
+            raise StoreError(f"flow {flow_hash} is not in the store") from None
+
+    def create_run(self, record: RunRecord, events: Sequence[EventRow], checkpoint: bytes) -> None:
+        with self._lock:
+            if record.runId in self._runs:
+                raise StoreError(f"run {record.runId} already exists")
+            self._runs[record.runId] = record
+            self._events[record.runId] = [row[5] for row in events]
+            self._checkpoints[record.runId] = [(record.seq, checkpoint)]
+            self._version += 1
+
+    def get_run(self, run_id: str) -> RunRecord:
+        try:
+            return self._runs[run_id]
+        except KeyError:
+            raise UnknownRunError(run_id, "the memory store") from None
+
+    def list_runs(self, status: str | None = None, parent: str | None = None, limit: int = 1000) -> list[RunRecord]:
+        runs = [r for r in self._runs.values()
+                if (status is None or r.status == status) and (parent is None or r.parentRunId == parent)]
+        return sorted(runs, key=lambda r: (r.createdAt, r.runId), reverse=True)[:limit]
+
+    def commit(self, run_id: str, events: Sequence[EventRow], status: str, seq: int, error: str | None,
+               checkpoint: bytes | None) -> None:
+        with self._lock:
+            log = self._events[run_id]
+            if events and events[0][0] != len(log) + 1:
+                raise StoreError(f"run {run_id}: seq {events[0][0]} does not follow {len(log)}")
+            log.extend(row[5] for row in events)
+            self._runs[run_id] = replace(self._runs[run_id], status=status, seq=seq, error=error, updatedAt=now_ms())
+            if checkpoint is not None:
+                self._checkpoints[run_id] = [(seq, checkpoint)]
+            self._version += 1
+
+    def read_events(self, run_id: str, after: int = 0, until: int | None = None) -> list[bytes]:
+        self.get_run(run_id)
+        log = self._events[run_id]
+        return log[after:until]
+
+    def read_checkpoint(self, run_id: str, at_most: int | None = None) -> tuple[int, bytes] | None:
+        for seq, body in reversed(self._checkpoints.get(run_id, [])):
+            if at_most is None or seq <= at_most:
+                return seq, body
+        return None
+
+    def enqueue_command(self, run_id: str, body: dict[str, Any]) -> int:
+        with self._lock:
+            cid = next(self._ids)
+            self._commands[cid] = (CommandRow(id=cid, runId=run_id, body=body, createdAt=now_ms()), None)
+            self._version += 1
+            return cid
+
+    def pending_commands(self, run_id: str) -> list[CommandRow]:
+        return [row for row, taken in self._commands.values() if row.runId == run_id and taken is None]
+
+    def finish_command(self, command_id: int, seq: int) -> None:
+        row, _ = self._commands[command_id]
+        self._commands[command_id] = (row, seq)
+
+    def change_token(self) -> int:
+        return self._version
+
+    def acquire_lease(self, run_id: str, owner: str, now_ms: int, ttl_ms: int) -> str | None:
+        with self._lock:
+            rec = self.get_run(run_id)
+            if rec.leaseOwner not in (None, owner) and (rec.leaseExpiresAt or 0) > now_ms:
+                return rec.leaseOwner
+            self._runs[run_id] = replace(rec, leaseOwner=owner, leaseExpiresAt=now_ms + ttl_ms)
+            return None
+
+    def release_lease(self, run_id: str, owner: str) -> None:
+        with self._lock:
+            rec = self._runs.get(run_id)
+            if rec is not None and rec.leaseOwner == owner:
+                self._runs[run_id] = replace(rec, leaseOwner=None, leaseExpiresAt=None)
+
+    def add_agent_message(self, row: dict[str, Any]) -> int:
+        with self._lock:
+            row = {**row, "id": len(self._messages) + 1}
+            self._messages.append(row)
+            return int(row["id"])
+
+    def list_agent_messages(self, *, run_id: str | None = None, session_id: str | None = None,
+                            flow_run_id: str | None = None, after: int = 0, limit: int = 100) -> list[dict[str, Any]]:
+        rows = [m for m in self._messages if m["id"] > after
+                and (run_id is None or m.get("runId") == run_id)
+                and (session_id is None or m.get("sessionId") == session_id)
+                and (flow_run_id is None or m.get("flowRunId") == flow_run_id)]
+        return rows[:limit]
+
+    def add_tool_call(self, row: dict[str, Any]) -> int:
+        with self._lock:
+            row = {**row, "id": len(self._tool_calls) + 1}
+            self._tool_calls.append(row)
+            return int(row["id"])
+
+    def list_tool_calls(self, *, run_id: str | None = None, session_id: str | None = None,
+                        flow_run_id: str | None = None, tool_name: str | None = None, status: str | None = None,
+                        after: int = 0, limit: int = 100) -> list[dict[str, Any]]:
+        rows = [t for t in self._tool_calls if t["id"] > after
+                and (run_id is None or t.get("runId") == run_id)
+                and (session_id is None or t.get("sessionId") == session_id)
+                and (flow_run_id is None or t.get("flowRunId") == flow_run_id)
+                and (tool_name is None or t.get("toolName") == tool_name)
+                and (status is None or t.get("status") == status)]
+        return rows[:limit]
+
+    def close(self) -> None:
+        pass

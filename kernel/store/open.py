@@ -1,0 +1,38 @@
+"""Open a store from a URL: a SQLite path (default ``.flowkernel/runs.db``), ``memory``, ``postgresql://``."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from kernel.errors import InvalidInputError
+from kernel.store.base import Store
+
+DEFAULT_DB = ".flowkernel/runs.db"
+
+
+def default_url() -> str:
+    return os.environ.get("FLOWKERNEL_DB") or DEFAULT_DB
+
+
+def open_store(url: str | None = None, *, create: bool = True) -> Store:
+    """Open the store named by ``url`` (or ``FLOWKERNEL_DB``, or the default SQLite file)."""
+    url = url or default_url()
+    if url == "memory":
+        from kernel.store.memory import MemoryStore
+
+        return MemoryStore()
+    if url.startswith(("postgresql://", "postgres://")):
+        try:
+            from kernel.store.postgres import PostgresStore  # type: ignore[import-not-found,unused-ignore]
+        except ImportError:
+            raise InvalidInputError("--db postgresql://… needs the PostgreSQL store (pip install flowkernel[postgres])") from None
+        store: Store = PostgresStore(url)
+        return store
+    if url.startswith("sqlite:///"):
+        url = url[len("sqlite:///"):]
+    elif "://" in url:
+        raise InvalidInputError(f"--db {url}: unknown store; use a SQLite file path or postgresql://…")
+    from kernel.store.sqlite import SqliteStore
+
+    return SqliteStore(Path(url), create=create)

@@ -1,0 +1,78 @@
+"""``noop``, ``transform`` and ``state.set``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kernel.errors import ExpressionError, NodeFailure, Problem
+from kernel.expressions import Expr, compile_expr, strip_braces
+from kernel.node import NodeContext
+from kernel.state_ops import OPS, apply_patch, get_path
+
+
+class NoopNode:
+    """Outputs its (resolved) input."""
+
+    name = "noop"
+
+    async def run(self, ctx: NodeContext) -> Any:
+        return ctx.input
+
+
+class TransformNode:
+    """Evaluates ``expr`` (JSONata) over the binding context; outputs the value."""
+
+    name = "transform"
+
+    def __init__(self) -> None:
+        self._cache: dict[str, Expr] = {}
+
+    def check(self, raw_input: dict[str, Any], path: str, problems: list[Problem]) -> None:
+        expr = raw_input.get("expr")
+        if not isinstance(expr, str):
+            problems.append(Problem(f"{path}.expr", "transform needs a JSONata string in `expr`"))
+        else:
+            compile_expr(strip_braces(expr), f"{path}.expr", problems)
+
+    async def run(self, ctx: NodeContext) -> Any:
+        # The expression is the raw text: its bindings are the expression itself, not a value to feed it.
+        source = ctx.raw_input.get("expr")
+        if not isinstance(source, str):
+            raise NodeFailure("transform needs a JSONata string in `expr`", "invalid_input")
+        compiled = self._cache.get(source)
+        if compiled is None:
+            problems: list[Problem] = []
+            compiled = compile_expr(strip_braces(source), "expr", problems)
+            if compiled is None:
+                raise NodeFailure(str(problems[0]), "invalid_input")
+            self._cache[source] = compiled
+        context, variables = ctx.binding_context()
+        try:
+            return compiled.evaluate(context, variables)
+        except ExpressionError as exc:
+            raise NodeFailure(str(exc), "expression_error") from None
+
+
+class StateSetNode:
+    """Changes the run's state at ``path`` with ``op`` (set, merge, append); outputs the new value."""
+
+    name = "state.set"
+
+    def check(self, raw_input: dict[str, Any], path: str, problems: list[Problem]) -> None:
+        if not isinstance(raw_input.get("path"), str):
+            problems.append(Problem(f"{path}.path", "state.set needs a dotted `path` string"))
+        if "value" not in raw_input:
+            problems.append(Problem(f"{path}.value", "state.set needs a `value`"))
+        op = raw_input.get("op", "set")
+        if op not in OPS:
+            problems.append(Problem(f"{path}.op", f"unknown op {op!r}; use one of {', '.join(OPS)}"))
+
+    async def run(self, ctx: NodeContext) -> Any:
+        data = ctx.input if isinstance(ctx.input, dict) else {}
+        path = data.get("path")
+        op = str(data.get("op", "set"))
+        if not isinstance(path, str):
+            raise NodeFailure("state.set needs a dotted `path` string", "invalid_input")
+        new_state = apply_patch(ctx.state, op, path, data.get("value"))
+        ctx.patch_state(op, path, data.get("value"))
+        return get_path(new_state, path)

@@ -1,0 +1,60 @@
+"""``python``: calls a registered function (never an arbitrary import named by the flow file)."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from kernel.errors import NodeFailure, Problem
+from kernel.node import NodeContext
+
+
+class PythonNode:
+    """Input ``{"function": "<registered name>", "args"?: {...}}``; outputs the function's return value.
+
+    A function that takes a parameter named ``ctx`` receives the ``NodeContext`` (state, patches,
+    inbox). Sync functions run on the event loop: make I/O-bound functions ``async``.
+    """
+
+    name = "python"
+
+    def check(self, raw_input: dict[str, Any], path: str, problems: list[Problem]) -> None:
+        if not isinstance(raw_input.get("function"), str):
+            problems.append(Problem(f"{path}.function", "python needs the registered `function` name"))
+        args = raw_input.get("args")
+        if args is not None and not isinstance(args, (dict, str)):
+            problems.append(Problem(f"{path}.args", "args must be an object of keyword arguments"))
+
+    async def run(self, ctx: NodeContext) -> Any:
+        data = ctx.input if isinstance(ctx.input, dict) else {}
+        name = data.get("function")
+        fn = ctx.registry.functions.get(str(name))
+        if fn is None:
+            known = ", ".join(sorted(ctx.registry.functions)) or "none registered"
+            raise NodeFailure(
+                f"node {ctx.node_id!r}: no python function {name!r} (known: {known}); register it with "
+                "--plugin MODULE, the flowkernel.functions entry point or Registry.add_function",
+                "unknown_function")
+        args = data.get("args") or {}
+        if not isinstance(args, dict):
+            raise NodeFailure(f"node {ctx.node_id!r}: args must be an object", "invalid_input")
+        if _wants_ctx(fn):
+            args = {**args, "ctx": ctx}
+        result = fn(**args)
+        if inspect.isawaitable(result):
+            result = await result
+        return result
+
+
+_WANTS_CTX: dict[Any, bool] = {}
+
+
+def _wants_ctx(fn: Any) -> bool:
+    cached = _WANTS_CTX.get(fn)
+    if cached is None:
+        try:
+            cached = "ctx" in inspect.signature(fn).parameters
+        except (TypeError, ValueError):
+            cached = False
+        _WANTS_CTX[fn] = cached
+    return cached
