@@ -140,7 +140,14 @@ def _check_structure(doc: dict[str, Any], node_types: Container[str], problems: 
             problems.append(Problem(path, f"duplicate node id {nid!r} (first at $.nodes[{node_ids[nid]}])"))
         else:
             node_ids[nid] = i
+        if isinstance(node.get("input"), dict):
+            compile_template(node["input"], f"$.nodes[{i}].input", problems)
+        if node.get("when") is not None:
+            compile_when(node["when"], f"$.nodes[{i}].when", problems)
         ntype = node.get("type")
+        checker = getattr(node_types.get(ntype), "check", None) if isinstance(node_types, dict) else None
+        if checker is not None and isinstance(node.get("input", {}), dict):
+            checker(node.get("input", {}), f"$.nodes[{i}].input", problems)
         if isinstance(ntype, str) and ntype not in node_types:
             known = ", ".join(sorted(node_types)) if isinstance(node_types, (set, frozenset, dict)) else ""
             hint = f"; known types: {known}" if known else ""
@@ -164,6 +171,11 @@ def _check_structure(doc: dict[str, Any], node_types: Container[str], problems: 
                                         "give one of them an explicit id"))
             else:
                 edge_ids[eid] = i
+        if edge.get("when") is not None:
+            compile_when(edge["when"], f"$.edges[{i}].when", problems)
+        fe = edge.get("forEach")
+        if isinstance(fe, dict) and isinstance(fe.get("in"), str):
+            compile_expr(strip_braces(fe["in"]), f"$.edges[{i}].forEach.in", problems)
         gate = edge.get("gate")
         if isinstance(dst, str) and gate in ("all", "any"):
             if dst in gates and gates[dst][0] != gate:

@@ -29,7 +29,7 @@ _WHEN_SCHEMA: dict[str, Any] = {
 }
 
 # Checked structurally by the compiler (kernel.expressions.parse_when), which reports JSON paths.
-When = Annotated[Any, WithJsonSchema({"$ref": "#/$defs/When"})]
+When = Annotated[Any, WithJsonSchema({"x-when": True})]
 
 
 class _Model(BaseModel):
@@ -85,7 +85,6 @@ class Flow(_Model):
 
     model_config = ConfigDict(
         extra="forbid", populate_by_name=True, frozen=True,
-        json_schema_extra={"$defs": {"When": _WHEN_SCHEMA}},
     )
 
     name: str = Field(min_length=1)
@@ -100,11 +99,22 @@ class Flow(_Model):
 
 def json_schema() -> dict[str, Any]:
     """The JSON Schema of flow files, for editors."""
-    schema = Flow.model_json_schema(by_alias=True)
+    schema = _point_to_when(Flow.model_json_schema(by_alias=True))
     schema.setdefault("$defs", {})["When"] = _WHEN_SCHEMA
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     schema["title"] = "flowkernel flow"
     return schema
+
+
+def _point_to_when(value: Any) -> Any:
+    # pydantic cannot reference a definition it did not generate; swap the marker for the $ref.
+    if isinstance(value, dict):
+        if value.get("x-when") is True:
+            return {"$ref": "#/$defs/When"}
+        return {k: _point_to_when(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_point_to_when(v) for v in value]
+    return value
 
 
 def json_path(loc: tuple[int | str, ...]) -> str:
