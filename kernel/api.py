@@ -70,7 +70,8 @@ class Kernel:
                  services: dict[str, Any] | None = None, lease_ttl_ms: int = LEASE_TTL_MS) -> None:
         self.store: Store = store if store is not None and not isinstance(store, str) else open_store(store)
         self.registry = registry or default_registry()
-        self.services: dict[str, Any] = services or {}
+        self.services: dict[str, Any] = dict(services or {})
+        self.services.setdefault("kernel", self)
         self.owner = _owner_id()
         self.lease_ttl_ms = lease_ttl_ms
         self._executing: dict[str, RunExecution] = {}
@@ -198,11 +199,55 @@ class Kernel:
                                      checkpoint_size=len(checkpoint[1]) if checkpoint else 0)
             self._executing[run_id] = execution
             try:
-                return await execution.execute(drafts, background=[self._poll_commands, self._renew_lease])
+                final = await execution.execute(drafts, background=[self._poll_commands, self._renew_lease])
             finally:
                 self._executing.pop(run_id, None)
         finally:
             self.store.release_lease(run_id, self.owner)
+        if final.parentRunId and final.status in ("completed", "failed", "aborted"):
+            await self._wake_parent(final)
+        return final
+
+    async def _wake_parent(self, child: RunSnapshot) -> None:
+        """A child finished while its parent waited on it: tell the parent's flow.call node run."""
+        parent_id = child.parentRunId or ""
+        if parent_id in self._executing:
+            return  # the parent's flow.call node is driving this child in-process
+        parent = self.snapshot(parent_id)
+        record = self.store.get_run(child.runId)
+        for w in parent.waiting.values():
+            if isinstance(w.prompt, dict) and w.prompt.get("childRunId") == child.runId:
+                try:
+                    await self._deliver(parent_id, Command(kind="reply", target=w.runId,
+                                                           content={"childRunId": child.runId,
+                                                                    "status": record.status}), None)
+                except (CommandRejectedError, RunBusyError):
+                    pass  # someone else is handling the parent
+                return
+
+    async def reply(self, run_id: str, node_run_id: str | None, content: Any, *,
+                    on_event: EventListener | None = None) -> RunSnapshot:
+        """Answer a waiting node run; if no process executes the run, continue it here."""
+        return await self._deliver(run_id, Command(kind="reply", target=node_run_id, content=content), on_event)
+
+    async def send(self, run_id: str, node_run_id: str | None, message: Any, *,
+                   on_event: EventListener | None = None) -> RunSnapshot:
+        """Send a message to a live node run's inbox; if no process executes the run, continue it here."""
+        return await self._deliver(run_id, Command(kind="send", target=node_run_id, content=message), on_event)
+
+    async def _deliver(self, run_id: str, cmd: Command, on_event: EventListener | None) -> RunSnapshot:
+        await self.command(run_id, cmd)
+        if run_id in self._executing or self.store.get_run(run_id).leaseOwner is not None:
+            return self.snapshot(run_id)
+        return await self.continue_run(run_id, on_event=on_event)
+
+    async def continue_run(self, run_id: str, *, on_event: EventListener | None = None) -> RunSnapshot:
+        """Execute a stored run that no process is executing (after a reply or send landed in it)."""
+        def before(snap: RunSnapshot) -> list[BaseEvent]:
+            if snap.status in ("waiting", "running"):
+                return [FlowResumed(message=None)]
+            return []
+        return await self.execute(run_id, on_event=on_event, before=before)
 
     def _acquire(self, run_id: str) -> None:
         holder = self.store.acquire_lease(run_id, self.owner, now_ms(), self.lease_ttl_ms)
@@ -271,7 +316,19 @@ class Kernel:
 
     async def command(self, run_id: str, cmd: Command, *, timeout_s: float = 10.0) -> CommandOutcome:
         """Issue a command to a run. If this process executes it, it is delivered directly; if another
-        process does, it goes through the store; if none does, it is judged and recorded here."""
+        process does, it goes through the store; if none does, it is judged and recorded here.
+        An accepted abort also aborts the run's unfinished child runs."""
+        outcome = await self._command(run_id, cmd, timeout_s)
+        if cmd.kind == "abort":
+            for child in self.runs(parent=run_id):
+                if child.status not in ("completed", "aborted", "failed"):
+                    try:
+                        await self.command(child.runId, Command(kind="abort", reason=f"parent {run_id} aborted"))
+                    except CommandRejectedError:
+                        pass
+        return outcome
+
+    async def _command(self, run_id: str, cmd: Command, timeout_s: float) -> CommandOutcome:
         execution = self._executing.get(run_id)
         if execution is not None:
             result: list[CommandOutcome] = []

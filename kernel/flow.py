@@ -99,7 +99,7 @@ class Flow(_Model):
 
 def json_schema() -> dict[str, Any]:
     """The JSON Schema of flow files, for editors."""
-    schema = _point_to_when(Flow.model_json_schema(by_alias=True))
+    schema: dict[str, Any] = _point_to_when(Flow.model_json_schema(by_alias=True))
     schema.setdefault("$defs", {})["When"] = _WHEN_SCHEMA
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     schema["title"] = "flowkernel flow"

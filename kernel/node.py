@@ -25,9 +25,22 @@ class WaitFor:
     schema: dict[str, Any] | None = None
 
 
+class Interrupted:
+    """Returned by a cooperative node that stopped at a step boundary because the run is pausing:
+    the node run stays interrupted and starts again (``resumedFrom``) when the run resumes."""
+
+
+INTERRUPTED = Interrupted()
+
+
 @runtime_checkable
 class NodeType(Protocol):
-    """A node type. ``run`` returns the node's output, or ``WaitFor`` to wait for a reply."""
+    """A node type. ``run`` returns the node's output, or ``WaitFor`` to wait for a reply.
+
+    A node type with ``cooperative_pause = True`` is not cancelled when the run pauses: it should
+    watch ``ctx.pause_requested()`` (or ``await ctx.wait_for_pause()``), finish its current step and
+    return ``INTERRUPTED``. Every other node is cancelled and re-run on resume.
+    """
 
     name: str
 
@@ -58,6 +71,11 @@ class RunShell(Protocol):
     async def submit_durable(self, draft: BaseEvent) -> None: ...
 
     def pause_requested(self) -> bool: ...
+
+    async def wait_for_pause(self) -> None: ...
+
+    @property
+    def stop_reason(self) -> str | None: ...
 
     @property
     def services(self) -> dict[str, Any]: ...
@@ -146,6 +164,15 @@ class NodeContext:
     def pause_requested(self) -> bool:
         """True once the run is asked to pause: a node may finish its current step and return."""
         return self._shell.pause_requested()
+
+    async def wait_for_pause(self) -> None:
+        """Return when the run is asked to pause (for cooperative nodes that watch in a task)."""
+        await self._shell.wait_for_pause()
+
+    @property
+    def stop_reason(self) -> str | None:
+        """Why the run is stopping (``pause``, ``abort``, ``failed``), once it is; else None."""
+        return self._shell.stop_reason
 
 
 FunctionType = Callable[..., Any] | Callable[..., Awaitable[Any]]

@@ -37,7 +37,7 @@ from kernel.events import (
     encode,
 )
 from kernel.ids import new_node_run_id, now_ms
-from kernel.node import NodeContext, WaitFor
+from kernel.node import Interrupted, NodeContext, WaitFor
 from kernel.reducer import ALL, apply
 from kernel.registry import Registry
 from kernel.scheduling import decide
@@ -64,7 +64,15 @@ class _Incoming:
     reply: Callable[[CommandOutcome], None] | None = None
 
 
-_Message = BaseEvent | _Durable | _Incoming
+@dataclass(slots=True)
+class _Finished:
+    """A node run ended without an event (interrupted at a step boundary by a pause)."""
+
+    node_id: str
+    item: int | None
+
+
+_Message = BaseEvent | _Durable | _Incoming | _Finished
 
 
 class RunExecution:
@@ -92,6 +100,8 @@ class RunExecution:
         self._bytes_since_checkpoint = 0
         self._checkpoint_size = checkpoint_size
         self._pause = False
+        self._pause_event = anyio.Event()
+        self.stop_reason: str | None = None
         self._tg: TaskGroup | None = None
 
     # -- what node contexts use -------------------------------------------------------------
@@ -121,6 +131,9 @@ class RunExecution:
 
     def pause_requested(self) -> bool:
         return self._pause
+
+    async def wait_for_pause(self) -> None:
+        await self._pause_event.wait()
 
     def deliver(self, command: Command, command_id: int | None = None,
                 reply: Callable[[CommandOutcome], None] | None = None) -> None:
@@ -173,6 +186,8 @@ class RunExecution:
             self._waiters.append(msg)
         elif isinstance(msg, _Incoming):
             self._handle_command(msg)
+        elif isinstance(msg, _Finished):
+            self._active.pop((msg.node_id, msg.item), None)
         else:
             if self.snap.status != "running" and msg.nodeId is not None and self._active_key(msg) not in self._active:
                 return  # a node cancelled as the run stopped; its late words change nothing
@@ -189,8 +204,11 @@ class RunExecution:
         if outcome.accepted:
             if msg.command.kind == "pause":
                 self._pause = True
+                self._pause_event.set()
+                self.stop_reason = "pause"
                 self._append(FlowPaused(reason=msg.command.reason or "pause requested", cause=received.seq))
             elif msg.command.kind == "abort":
+                self.stop_reason = "abort"
                 self._append(FlowComplete(status="aborted", error=msg.command.reason or "aborted", cause=received.seq))
         if msg.reply is not None:
             msg.reply(outcome)
@@ -293,10 +311,19 @@ class RunExecution:
                 listener(ev)
 
     def _stop_tasks(self) -> None:
+        """Cancel the node runs in flight; on pause, cooperative node types finish their step."""
+        if self.stop_reason is None:
+            self.stop_reason = "failed" if self.snap.status == "failed" else self.snap.status
         for key, scope in list(self._active.items()):
+            if self.stop_reason == "pause" and scope is not None and self._cooperative(key[0]):
+                continue
             if scope is not None:
                 scope.cancel()
             self._active.pop(key, None)
+
+    def _cooperative(self, node_id: str) -> bool:
+        node_type = self.registry.node_types.get(self.flow.nodes[node_id].type)
+        return bool(getattr(node_type, "cooperative_pause", False))
 
     # -- one node run -----------------------------------------------------------------------
 
@@ -333,7 +360,9 @@ class RunExecution:
                                                     input=start.input, item=start.item))
                 continue
             duration = int((time.monotonic() - began) * 1000)
-            if isinstance(result, WaitFor):
+            if isinstance(result, Interrupted):
+                self._send.send_nowait(_Finished(node.id, start.item))
+            elif isinstance(result, WaitFor):
                 self.submit(NodeWaiting(nodeId=node.id, runId=run_id, prompt=result.prompt, schema=result.schema))
             else:
                 self.submit(NodeComplete(nodeId=node.id, runId=run_id, item=start.item, output=result,

@@ -1,0 +1,146 @@
+"""``flow.call``: runs another flow as a child run and outputs the child's final outputs."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from kernel.errors import FlowkernelError, NodeFailure, Problem
+from kernel.events import NodeStart
+from kernel.node import INTERRUPTED, NodeContext, WaitFor
+
+if TYPE_CHECKING:
+    from kernel.api import Kernel
+
+DEFAULT_MAX_DEPTH = 8
+
+
+class FlowCallNode:
+    """Input ``{"flow": "<path relative to this flow>", "input"?: {...}}``.
+
+    The child run records ``parentRunId`` and ``parentNodeRunId``. Pause and abort cascade to it; a
+    child waiting for a human makes this node (and so the parent run) wait; when this node runs
+    again after an interruption it continues the same child instead of starting another.
+    """
+
+    name = "flow.call"
+    cooperative_pause = True
+
+    def check(self, raw_input: dict[str, Any], path: str, problems: list[Problem]) -> None:
+        if not isinstance(raw_input.get("flow"), str):
+            problems.append(Problem(f"{path}.flow", "flow.call needs a `flow` path (relative to this flow file)"))
+        if raw_input.get("input") is not None and not isinstance(raw_input.get("input"), (dict, str)):
+            problems.append(Problem(f"{path}.input", "input must be an object"))
+
+    async def run(self, ctx: NodeContext) -> Any:
+        kernel: Kernel = ctx.services["kernel"]
+        data = ctx.input if isinstance(ctx.input, dict) else {}
+        target = data.get("flow")
+        if not isinstance(target, str):
+            raise NodeFailure("flow.call needs a `flow` path", "invalid_input")
+        base = ctx.flow.base_dir or Path.cwd()
+        path = (base / target).resolve()
+        chain = self._ancestry(kernel, ctx.flow_run_id)
+        limit = int(ctx.services.get("max_flow_depth") or os.environ.get("FLOWKERNEL_MAX_FLOW_DEPTH") or DEFAULT_MAX_DEPTH)
+        if len(chain) >= limit:
+            names = " → ".join(reversed(chain))
+            raise NodeFailure(f"flow.call depth limit {limit} reached calling {target} ({names} → …); a flow that "
+                              "calls itself needs a `when` that ends the recursion (or raise "
+                              "FLOWKERNEL_MAX_FLOW_DEPTH)", "recursion_limit")
+        try:
+            child_flow = kernel.load_flow(path)
+        except FlowkernelError as exc:
+            raise NodeFailure(f"flow.call {target}: {exc}", "invalid_flow") from None
+
+        child_id = self._adopt(kernel, ctx) if ctx.resumed_from else None
+        if child_id is None:
+            try:
+                child_id = kernel.create_run(child_flow, data.get("input") or {}, parent_run_id=ctx.flow_run_id,
+                                             parent_node_run_id=ctx.run_id)
+            except FlowkernelError as exc:
+                raise NodeFailure(f"flow.call {target}: {exc}", "invalid_input") from None
+        try:
+            snap = await self._drive(kernel, ctx, child_id)
+        except anyio.get_cancelled_exc_class():
+            if ctx.stop_reason == "abort":
+                with anyio.CancelScope(shield=True):
+                    await _abort_quietly(kernel, child_id)
+            raise
+        if snap.status == "completed":
+            return snap.outputs
+        if snap.status == "paused":
+            return INTERRUPTED
+        if snap.status == "waiting":
+            waits = [{"nodeId": n, "runId": w.runId, "prompt": w.prompt} for n, w in snap.waiting.items()]
+            return WaitFor(prompt={"childRunId": child_id, "waiting": waits})
+        raise NodeFailure(f"child run {child_id} ({target}) {snap.status}: {snap.error}", "child_" + snap.status)
+
+    async def _drive(self, kernel: Kernel, ctx: NodeContext, child_id: str) -> Any:
+        from kernel.commands import Command
+
+        record = kernel.store.get_run(child_id)
+        result: list[Any] = []
+        async with anyio.create_task_group() as tg:
+            async def cascade_pause() -> None:
+                await ctx.wait_for_pause()
+                try:
+                    await kernel.command(child_id, Command(kind="pause", reason="parent paused"))
+                except FlowkernelError:
+                    pass  # the child has stopped already
+
+            tg.start_soon(cascade_pause)
+            if record.status == "paused" and ctx.resumed_from:
+                message = next((m.content for m in ctx.inbox() if m.kind == "resume"), "continue")
+                result.append(await kernel.resume(child_id, message))
+            elif record.status == "failed" and ctx.resumed_from:
+                result.append(await kernel.retry(child_id))
+            elif record.status in ("running", "waiting"):
+                result.append(await kernel.execute(child_id, before=_continue_waiting))
+            else:
+                result.append(kernel.snapshot(child_id))
+            tg.cancel_scope.cancel()
+        return result[0]
+
+    @staticmethod
+    def _ancestry(kernel: Kernel, run_id: str) -> list[str]:
+        names: list[str] = []
+        current: str | None = run_id
+        while current is not None and len(names) < 1000:
+            record = kernel.store.get_run(current)
+            names.append(record.flowName)
+            current = record.parentRunId
+        return names
+
+    @staticmethod
+    def _adopt(kernel: Kernel, ctx: NodeContext) -> str | None:
+        """The child started by an earlier node run of this same pass (before a pause or crash)."""
+        runs: list[str] = []
+        for ev in kernel.events(ctx.flow_run_id):
+            if isinstance(ev, NodeStart) and ev.nodeId == ctx.node_id and ev.item == ctx.item:
+                if ev.resumedFrom is None:
+                    runs = []
+                runs.append(ev.runId or "")
+        mine = set(runs)
+        children = [c for c in kernel.runs(parent=ctx.flow_run_id) if c.parentNodeRunId in mine]
+        return children[0].runId if children else None
+
+
+def _continue_waiting(snap: Any) -> list[Any]:
+    from kernel.events import FlowResumed
+
+    # A waiting child whose inbox now holds a reply continues; otherwise it stays as it is.
+    if snap.status == "waiting" and any(snap.inbox.get(w.runId) for w in snap.waiting.values()):
+        return [FlowResumed(message=None)]
+    return []
+
+
+async def _abort_quietly(kernel: Kernel, child_id: str) -> None:
+    from kernel.commands import Command
+
+    try:
+        await kernel.command(child_id, Command(kind="abort", reason="parent aborted"))
+    except FlowkernelError:
+        pass

@@ -1,0 +1,39 @@
+"""``human.input``: waits for a ``reply``; completes with the answer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kernel.errors import Problem
+from kernel.node import NodeContext, WaitFor
+
+
+class HumanInputNode:
+    """Input ``{"prompt": ..., "schema"?: JSON Schema}``. The run goes ``waiting`` until
+    ``flowkernel reply RUN --to NODE_RUN_ID ANSWER``; the reply (validated against ``schema`` when
+    the command is accepted) is the node's output."""
+
+    name = "human.input"
+
+    def check(self, raw_input: dict[str, Any], path: str, problems: list[Problem]) -> None:
+        if "prompt" not in raw_input:
+            problems.append(Problem(f"{path}.prompt", "human.input needs a `prompt`"))
+        schema = raw_input.get("schema")
+        if schema is not None:
+            if not isinstance(schema, dict):
+                problems.append(Problem(f"{path}.schema", "schema must be a JSON Schema object"))
+            else:
+                import jsonschema
+
+                try:
+                    jsonschema.Draft202012Validator.check_schema(schema)
+                except jsonschema.SchemaError as exc:
+                    problems.append(Problem(f"{path}.schema", f"not a valid JSON Schema: {exc.message}"))
+
+    async def run(self, ctx: NodeContext) -> Any:
+        data = ctx.input if isinstance(ctx.input, dict) else {}
+        for message in ctx.inbox():
+            if message.kind == "reply":
+                return message.content
+        schema = data.get("schema")
+        return WaitFor(prompt=data.get("prompt"), schema=schema if isinstance(schema, dict) else None)
