@@ -106,7 +106,7 @@ def test_reply_to_a_finished_node_run_is_refused(tmp_path: Path) -> None:
     kernel = make_kernel(tmp_path)
     run_id, waits = waiting_run(kernel, flow([human("a"), human("b")], [{"from": "a", "to": "b"}]))
     anyio.run(kernel.reply, run_id, waits["a"], "first")
-    with pytest.raises(CommandRejectedError, match="has finished|not a live node run"):
+    with pytest.raises(CommandRejectedError, match=r"has finished|not a live node run"):
         anyio.run(kernel.reply, run_id, waits["a"], "again")
 
 
