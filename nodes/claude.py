@@ -1,0 +1,379 @@
+"""``claude.agent``: an agent loop over the query function, with tools, stored conversations and resume.
+
+One execution (node run) of the loop:
+
+1. choose the session: ``continue`` (default) uses one stable session per node and flow run, so loop
+   passes, retries and resumes all extend the same conversation; ``fresh`` starts a new one per
+   execution, but a *resumed* execution always continues the interrupted one's session;
+2. rebuild the conversation from the stored rows, and save ``agent:start`` durably (the reducer puts
+   the session in ``agentSessions``) before any model call;
+3. at each turn boundary: settle tool_use blocks still without results (from stored tool-call rows;
+   ``ask_human`` from a reply, or wait for one), take inbox messages (send, reply, resume) as user
+   text, stop if a pause was asked, check the step budgets; then call the model, store its message,
+   run its tools concurrently, store each call, and go on until the model ends its turn.
+
+Every row is written when it happens, so a pause (the kernel cancels the task), a crash or a human
+wait loses at most the call in flight, and the next execution's first request is exactly the stored
+conversation plus what was delivered to it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import jsonschema
+
+from kernel.errors import NodeFailure, Problem
+from kernel.events import AgentComplete, AgentError, AgentStart, AgentTool
+from kernel.node import NodeContext, WaitFor
+from kernel.pricing import Price, cost_usd, find_price, price_table
+from kernel.query import ModelMessage, QueryFn
+from kernel.tools import ASK_HUMAN, ASK_HUMAN_DEFINITION, Tool, as_tool, result_text, truncate
+from nodes.claude_config import AgentConfig, check_input, parse_config
+from nodes.claude_transcript import Transcript, session_of_run
+
+USAGE_KEYS = ("inputTokens", "outputTokens", "cacheCreationInputTokens", "cacheReadInputTokens")
+FINAL_STOPS = frozenset({"end_turn", "stop_sequence", "max_tokens", "refusal", None})
+
+
+@dataclass(slots=True)
+class _Tally:
+    """Usage and cost of this execution, per model and in total."""
+
+    prices: dict[str, Price]
+    usage: dict[str, int] = field(default_factory=lambda: dict.fromkeys(USAGE_KEYS, 0))
+    by_model: dict[str, dict[str, Any]] = field(default_factory=dict)
+    cost: float = 0.0
+
+    def add(self, model: str, usage: dict[str, int]) -> None:
+        entry = self.by_model.setdefault(model, {**dict.fromkeys(USAGE_KEYS, 0), "costUSD": 0.0})
+        price = find_price(model, self.prices)
+        call_cost = cost_usd(usage, price)
+        for k in USAGE_KEYS:
+            self.usage[k] += int(usage.get(k, 0))
+            entry[k] += int(usage.get(k, 0))
+        entry["costUSD"] += call_cost
+        entry["priced"] = price is not None
+        self.cost += call_cost
+
+
+def _text_of(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    return "".join(b.get("text", "") for b in content if isinstance(b, dict) and b.get("type") == "text")
+
+
+def _parse_json_answer(text: str) -> Any:
+    body = text.strip()
+    if body.startswith("```"):  # models like to fence JSON even when told not to
+        body = body.split("\n", 1)[1] if "\n" in body else ""
+        body = body.rsplit("```", 1)[0]
+    return json.loads(body)
+
+
+def _schema_problem(text: str, schema: dict[str, Any]) -> tuple[Any, str | None]:
+    try:
+        value = _parse_json_answer(text)
+    except json.JSONDecodeError as exc:
+        return None, f"the answer is not JSON ({exc})"
+    errors = sorted(jsonschema.Draft202012Validator(schema).iter_errors(value), key=lambda e: list(e.absolute_path))
+    if errors:
+        return value, "; ".join(f"{'/'.join(map(str, e.absolute_path)) or '(root)'}: {e.message}" for e in errors)
+    return value, None
+
+
+class ClaudeAgentNode:
+    """The ``claude.agent`` node type (DESIGN §7); input as in ``nodes.claude_config``."""
+
+    name = "claude.agent"
+
+    def __init__(self) -> None:
+        self._default_query: QueryFn | None = None
+
+    def check(self, raw_input: dict[str, Any], path: str, problems: list[Problem]) -> None:
+        check_input(raw_input, path, problems)
+
+    def _query_fn(self, ctx: NodeContext) -> QueryFn:
+        given = ctx.services.get("query_fn")
+        if given is not None:
+            return given  # type: ignore[no-any-return]
+        if self._default_query is None:
+            from kernel.anthropic_query import AnthropicQuery  # the SDK loads only when a model is called
+
+            self._default_query = AnthropicQuery()
+        return self._default_query
+
+    async def run(self, ctx: NodeContext) -> Any:
+        cfg = parse_config(ctx.input, ctx.node_id, ctx.services)
+        return await _Execution(ctx, cfg, self._query_fn(ctx)).run()
+
+
+class _Execution:
+    """One node run of the agent loop."""
+
+    def __init__(self, ctx: NodeContext, cfg: AgentConfig, query: QueryFn) -> None:
+        self.ctx = ctx
+        self.cfg = cfg
+        self.query = query
+        self.tools = self._resolve_tools()
+        self.tally = _Tally(price_table(ctx.services.get("prices")))
+        self.turns = 0
+        self.schema_tries = 0
+        self.resolved: dict[str, tuple[str, bool]] = {}  # toolUseId -> (result text, is_error)
+        self.began = time.monotonic()
+
+    # -- setup ------------------------------------------------------------------------------
+
+    def _resolve_tools(self) -> dict[str, Tool]:
+        tools: dict[str, Tool] = {}
+        for name in self.cfg.tools:
+            if name == ASK_HUMAN:
+                continue
+            entry = self.ctx.registry.tools.get(name)
+            if entry is None:
+                known = ", ".join(sorted([*self.ctx.registry.tools, ASK_HUMAN]))
+                raise NodeFailure(f"node {self.ctx.node_id!r}: no tool {name!r} (known: {known}); register it "
+                                  "with Registry.add_tool, --plugin MODULE or the flowkernel.tools entry point",
+                                  "invalid_input")
+            tools[name] = as_tool(name, entry)
+        return tools
+
+    def _session_id(self) -> str:
+        ctx = self.ctx
+        if self.cfg.session == "continue":
+            suffix = "" if ctx.item is None else f"_{ctx.item}"
+            return f"ses_{ctx.flow_run_id.removeprefix('run_')}_{ctx.node_id}{suffix}"
+        if ctx.resumed_from is not None:
+            found = session_of_run(ctx, ctx.resumed_from)
+            if found is not None:
+                return found
+        return f"ses_{os.urandom(10).hex()}"
+
+    def _opening(self, transcript: Transcript) -> list[dict[str, Any]]:
+        """The messages this execution starts with: the prompt, unless it continues an interrupted run."""
+        ctx, cfg = self.ctx, self.cfg
+        if ctx.resumed_from is not None or (ctx.attempt > 1 and transcript.messages):
+            return []  # the prompt is already in the conversation; the inbox brings what is new
+        if cfg.messages is not None:
+            return [{"role": m["role"], "content": m["content"]} for m in cfg.messages]
+        return [{"role": "user", "content": cfg.prompt if isinstance(cfg.prompt, str | list) else
+                 result_text(cfg.prompt)}]
+
+    # -- the loop ---------------------------------------------------------------------------
+
+    async def run(self) -> Any:
+        ctx, cfg = self.ctx, self.cfg
+        transcript = Transcript(ctx, self._session_id())
+        transcript.load()
+        opening = self._opening(transcript)
+        await ctx.emit_durable(AgentStart(sessionId=transcript.session_id, model=cfg.model,
+                                          prompt=cfg.prompt if opening and cfg.messages is None else
+                                          (opening or None)))
+        if not transcript.messages and cfg.system:
+            transcript.add("system", cfg.system, 0)
+        pending = transcript.pending_tool_uses()
+        if pending:
+            transcript.load_tool_results({b["id"] for b in pending})
+            for b in pending:
+                row = transcript.tool_results.get(b["id"])
+                if row is not None:
+                    self.resolved[b["id"]] = (result_text(row.get("output")), row.get("status") == "error")
+            if opening:
+                # A new pass over a conversation left mid-tool-call: close those calls first, so the
+                # conversation stays valid (every tool_use answered) before the new prompt.
+                transcript.add("user", self._tool_results(pending), transcript.steps)
+                self.resolved.clear()
+        for m in opening:
+            transcript.add(m["role"], m["content"], transcript.steps + 1)
+        last: ModelMessage | None = None
+        while True:
+            waiting = await self._turn_boundary(transcript)
+            if waiting is not None:
+                return waiting
+            if last is None and not opening and transcript.messages \
+                    and transcript.messages[-1]["role"] == "assistant":
+                # Interrupted after the final answer was stored: nothing new to say, so it stands.
+                last = {"content": transcript.messages[-1]["content"], "stopReason": "end_turn"}
+                return await self._finish(transcript, last)
+            self._check_budgets(transcript)
+            step = transcript.steps + 1
+            last = await self.query(self._request(transcript), ctx.emit, ctx)
+            transcript.steps = step
+            self.turns += 1
+            self.tally.add(last.get("model") or cfg.model, last.get("usage") or {})
+            content = last.get("content") or []
+            message_id = transcript.add("assistant", content, step)
+            stop = last.get("stopReason")
+            if stop == "tool_use":
+                await self._run_tools(transcript, content, message_id, step)
+                continue
+            if stop == "pause_turn":
+                continue  # a server tool paused the turn: send the conversation back as it is
+            if cfg.output_schema is not None and stop in ("end_turn", "stop_sequence", "max_tokens"):
+                problem = self._check_output(transcript, content, step)
+                if problem:
+                    continue
+            return await self._finish(transcript, last)
+
+    async def _turn_boundary(self, transcript: Transcript) -> WaitFor | None:
+        """Settle pending tool uses and take inbox messages as the next user message."""
+        ctx = self.ctx
+        if ctx.pause_requested():
+            # Start nothing new: the kernel is stopping the run and will cancel this task; whatever
+            # was finished is stored, so the resume rebuilds from here.
+            await anyio.sleep_forever()
+        inbox = ctx.inbox()
+        taken = 0
+        for b in transcript.pending_tool_uses():
+            result = self.resolved.get(b["id"])
+            if result is None and b.get("name") == ASK_HUMAN:
+                if taken >= len(inbox):
+                    question = (b.get("input") or {}).get("question", "")
+                    return WaitFor(prompt=question)
+                # Whatever the human sends to a node waiting on ask_human answers it.
+                answer = result_text(inbox[taken].content)
+                taken += 1
+                result = (answer, False)
+                transcript.add_tool_call({"messageId": None, "toolName": ASK_HUMAN, "toolUseId": b["id"],
+                                          "input": b.get("input"), "output": answer, "status": "completed",
+                                          "durationMs": 0, "step": transcript.steps})
+                ctx.emit(AgentTool(toolName=ASK_HUMAN, toolUseId=b["id"], toolInput=b.get("input"),
+                                   toolOutput=answer, durationMs=0))
+                self.resolved[b["id"]] = result
+        blocks = self._tool_results(transcript.pending_tool_uses()) \
+            if transcript.pending_tool_uses() else []
+        texts = [result_text(m.content) for m in inbox[taken:]]
+        if not blocks and not texts:
+            return None
+        content: Any = texts[0] if not blocks and len(texts) == 1 else \
+            [*blocks, *({"type": "text", "text": t} for t in texts)]
+        transcript.add("user", content, transcript.steps)
+        self.resolved.clear()
+        # Consumed after the row is stored: a crash in between delivers the message again rather than lose it.
+        await ctx.consume_inbox(len(inbox))
+        return None
+
+    def _tool_results(self, uses: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """tool_result blocks, in the order of ``uses``; a call without a result was cut short."""
+        blocks: list[dict[str, Any]] = []
+        for b in uses:
+            text, is_error = self.resolved.get(b["id"]) or (
+                "the tool call was interrupted (pause, crash or a new pass of the node) before it "
+                "finished; it was not run again", True)
+            block: dict[str, Any] = {"type": "tool_result", "tool_use_id": b["id"], "content": text}
+            if is_error:
+                block["is_error"] = True
+            blocks.append(block)
+        return blocks
+
+    def _check_budgets(self, transcript: Transcript) -> None:
+        ctx, cfg = self.ctx, self.cfg
+        if transcript.steps >= cfg.max_total_turns:
+            message = (f"node {ctx.node_id!r}: session {transcript.session_id} has used {transcript.steps} "
+                       f"model calls, the cumulative limit is {cfg.max_total_turns}; refusing to continue. "
+                       "Raise `maxTotalTurns`, or use `session: \"fresh\"` to start a new conversation")
+            ctx.emit(AgentError(errorType="error_max_turns", message=message,
+                                details={"steps": transcript.steps, "limit": cfg.max_total_turns}))
+            raise NodeFailure(message, "error_max_turns")
+        if self.turns >= cfg.max_turns:
+            message = (f"node {ctx.node_id!r}: reached maxTurns ({cfg.max_turns}) without a final answer; "
+                       "raise `maxTurns`, or resume (`flowkernel retry`) to give it a fresh budget")
+            ctx.emit(AgentError(errorType="error_max_turns", message=message,
+                                details={"turns": self.turns, "limit": cfg.max_turns}))
+            raise NodeFailure(message, "error_max_turns")
+
+    def _request(self, transcript: Transcript) -> dict[str, Any]:
+        cfg = self.cfg
+        req: dict[str, Any] = {"model": cfg.model, "max_tokens": cfg.max_tokens,
+                               "messages": list(transcript.messages)}
+        system = cfg.system
+        if cfg.output_schema is not None:
+            instruction = ("When you give your final answer, reply with only a JSON value, no other text, "
+                           "that matches this JSON Schema:\n" + json.dumps(cfg.output_schema, sort_keys=True))
+            system = f"{system}\n\n{instruction}" if system else instruction
+        if system:
+            req["system"] = system
+        definitions = [t.definition() for t in self.tools.values()]
+        if ASK_HUMAN in cfg.tools:
+            definitions.append(ASK_HUMAN_DEFINITION)
+        if definitions:
+            req["tools"] = definitions
+        if cfg.temperature is not None:
+            req["temperature"] = cfg.temperature
+        if cfg.thinking_budget is not None:
+            req["thinking"] = {"type": "enabled", "budget_tokens": cfg.thinking_budget}
+        return req
+
+    def _check_output(self, transcript: Transcript, content: list[dict[str, Any]], step: int) -> bool:
+        """Validate the answer against ``outputSchema``; True if the model was asked to correct it."""
+        assert self.cfg.output_schema is not None
+        _, problem = _schema_problem(_text_of(content), self.cfg.output_schema)
+        if problem is None:
+            return False
+        retry = self.schema_tries < self.cfg.output_retries
+        self.ctx.emit(AgentError(errorType="error_output_schema", message=f"the answer does not match "
+                                 f"outputSchema: {problem}", details={"try": self.schema_tries + 1,
+                                                                      "willRetry": retry}))
+        if not retry:
+            raise NodeFailure(f"node {self.ctx.node_id!r}: the answer does not match outputSchema after "
+                              f"{self.schema_tries + 1} tries: {problem}", "error_output_schema")
+        self.schema_tries += 1
+        transcript.add("user", f"Your answer does not match the required JSON Schema: {problem}. Reply again "
+                               "with only the corrected JSON value.", step)
+        return True
+
+    async def _run_tools(self, transcript: Transcript, content: list[dict[str, Any]], message_id: int | None,
+                         step: int) -> None:
+        """Run the message's tool calls concurrently; ``ask_human`` is left for the turn boundary."""
+        calls = [b for b in content if b.get("type") == "tool_use" and b.get("name") != ASK_HUMAN]
+        async with anyio.create_task_group() as tg:
+            for block in calls:
+                tg.start_soon(self._run_tool, transcript, block, message_id, step)
+
+    async def _run_tool(self, transcript: Transcript, block: dict[str, Any], message_id: int | None,
+                        step: int) -> None:
+        ctx = self.ctx
+        name, use_id, tool_input = str(block.get("name")), str(block.get("id")), block.get("input") or {}
+        began = time.monotonic()
+        error: str | None = None
+        try:
+            tool = self.tools.get(name)
+            if tool is None:
+                raise LookupError(f"no tool named {name!r} is available to this agent "
+                                  f"(available: {', '.join(sorted(self.tools)) or 'none'})")
+            text = truncate(result_text(await tool.call(tool_input)), self.cfg.tool_result_max_bytes)
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"
+            text = truncate(error, self.cfg.tool_result_max_bytes)
+        duration = int((time.monotonic() - began) * 1000)
+        self.resolved[use_id] = (text, error is not None)
+        transcript.add_tool_call({"messageId": message_id, "toolName": name, "toolUseId": use_id,
+                                  "input": tool_input, "output": text, "step": step, "durationMs": duration,
+                                  "status": "error" if error else "completed"})
+        ctx.emit(AgentTool(toolName=name, toolUseId=use_id, toolInput=tool_input, toolOutput=text,
+                           durationMs=duration, error=error))
+        if error is not None:
+            ctx.emit(AgentError(errorType="error_tool_use", message=f"tool {name!r} failed: {error}",
+                                details={"toolName": name, "toolUseId": use_id}))
+
+    async def _finish(self, transcript: Transcript, last: ModelMessage) -> dict[str, Any]:
+        content = last.get("content") or []
+        text = _text_of(content)
+        structured = None
+        if self.cfg.output_schema is not None:
+            structured, problem = _schema_problem(text, self.cfg.output_schema)
+            if problem is not None:
+                raise NodeFailure(f"node {self.ctx.node_id!r}: the answer does not match outputSchema: {problem}",
+                                  "error_output_schema")
+        usage = dict(self.tally.usage)
+        cost = round(self.tally.cost, 10)
+        self.ctx.emit(AgentComplete(result=text, structuredOutput=structured, usage=usage,
+                                    modelUsage=self.tally.by_model or None, totalCostUsd=cost,
+                                    durationMs=int((time.monotonic() - self.began) * 1000), numTurns=self.turns))
+        return {"text": text, "structuredOutput": structured, "usage": usage, "totalCostUsd": cost,
+                "numTurns": self.turns, "sessionId": transcript.session_id, "stopReason": last.get("stopReason")}

@@ -1,0 +1,139 @@
+"""The input of a ``claude.agent`` node: parsing at run time and checking at load time."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import jsonschema
+
+from kernel.errors import NodeFailure, Problem
+
+DEFAULT_MODEL = "claude-sonnet-4-5"
+DEFAULT_MAX_TOKENS = 8192
+DEFAULT_MAX_TURNS = 50
+DEFAULT_MAX_TOTAL_TURNS = 500
+DEFAULT_OUTPUT_RETRIES = 2
+DEFAULT_TOOL_RESULT_MAX_BYTES = 100_000
+
+KEYS = frozenset({"prompt", "messages", "system", "model", "maxTokens", "temperature", "thinking", "maxTurns",
+                  "maxTotalTurns", "tools", "outputSchema", "outputRetries", "session", "toolResultMaxBytes"})
+
+
+@dataclass(frozen=True, slots=True)
+class AgentConfig:
+    """A node's resolved input. ``maxTurns`` is this execution's budget of model calls; ``maxTotalTurns``
+    caps the calls of the whole conversation across resumes and loop passes."""
+
+    prompt: Any = None
+    messages: list[dict[str, Any]] | None = None
+    system: str | None = None
+    model: str = DEFAULT_MODEL
+    max_tokens: int = DEFAULT_MAX_TOKENS
+    temperature: float | None = None
+    thinking_budget: int | None = None
+    max_turns: int = DEFAULT_MAX_TURNS
+    max_total_turns: int = DEFAULT_MAX_TOTAL_TURNS
+    tools: list[str] = field(default_factory=list)
+    output_schema: dict[str, Any] | None = None
+    output_retries: int = DEFAULT_OUTPUT_RETRIES
+    session: str = "continue"
+    tool_result_max_bytes: int = DEFAULT_TOOL_RESULT_MAX_BYTES
+
+
+def _binding(value: Any) -> bool:
+    """An unresolved ``{{ }}`` binding: its type is only known at run time."""
+    return isinstance(value, str) and "{{" in value
+
+
+def _positive_int(data: dict[str, Any], key: str, path: str, problems: list[Problem], *, zero: bool = False) -> None:
+    value = data.get(key)
+    if value is None or _binding(value):
+        return
+    if not isinstance(value, int) or isinstance(value, bool) or value < (0 if zero else 1):
+        problems.append(Problem(f"{path}.{key}", f"must be {'a non-negative' if zero else 'a positive'} integer"))
+
+
+def check_input(data: Any, path: str, problems: list[Problem]) -> None:
+    """Append every problem with a ``claude.agent`` input (bindings are taken on trust)."""
+    if _binding(data):
+        return
+    if not isinstance(data, dict):
+        problems.append(Problem(path, "claude.agent input must be an object"))
+        return
+    for key in sorted(set(data) - KEYS):
+        problems.append(Problem(f"{path}.{key}", f"unknown key; claude.agent takes {', '.join(sorted(KEYS))}"))
+    if data.get("prompt") is None and data.get("messages") is None:
+        problems.append(Problem(path, "claude.agent needs a `prompt` (text) or `messages` (Messages API list)"))
+    msgs = data.get("messages")
+    if msgs is not None and not _binding(msgs):
+        if not isinstance(msgs, list) or not msgs:
+            problems.append(Problem(f"{path}.messages", "must be a non-empty list of {role, content} objects"))
+        else:
+            for i, m in enumerate(msgs):
+                if not isinstance(m, dict) or m.get("role") not in ("user", "assistant") or "content" not in m:
+                    problems.append(Problem(f"{path}.messages[{i}]",
+                                            "must be {\"role\": \"user\"|\"assistant\", \"content\": ...}"))
+    for key in ("system", "model"):
+        if data.get(key) is not None and not isinstance(data[key], str):
+            problems.append(Problem(f"{path}.{key}", "must be a string"))
+    for key in ("maxTokens", "maxTurns", "maxTotalTurns"):
+        _positive_int(data, key, path, problems)
+    for key in ("outputRetries", "toolResultMaxBytes"):
+        _positive_int(data, key, path, problems, zero=True)
+    temp = data.get("temperature")
+    if temp is not None and not _binding(temp) and (not isinstance(temp, int | float) or isinstance(temp, bool)
+                                                    or not 0 <= temp <= 1):
+        problems.append(Problem(f"{path}.temperature", "must be a number from 0 to 1"))
+    thinking = data.get("thinking")
+    if thinking is not None and not _binding(thinking):
+        budget = thinking.get("budgetTokens") if isinstance(thinking, dict) else None
+        if not isinstance(budget, int) or isinstance(budget, bool) or budget < 1:
+            problems.append(Problem(f"{path}.thinking", "must be {\"budgetTokens\": <positive integer>}"))
+        else:
+            max_tokens = data.get("maxTokens", DEFAULT_MAX_TOKENS)
+            if isinstance(max_tokens, int) and max_tokens <= budget:
+                problems.append(Problem(f"{path}.maxTokens", f"must be greater than thinking.budgetTokens ({budget})"))
+    tools = data.get("tools")
+    if tools is not None and not _binding(tools) and (
+            not isinstance(tools, list) or not all(isinstance(t, str) for t in tools)):
+        problems.append(Problem(f"{path}.tools", "must be a list of tool names from the tool registry"))
+    session = data.get("session")
+    if session is not None and not _binding(session) and session not in ("continue", "fresh"):
+        problems.append(Problem(f"{path}.session", "must be \"continue\" or \"fresh\""))
+    schema = data.get("outputSchema")
+    if schema is not None and not _binding(schema):
+        if not isinstance(schema, dict):
+            problems.append(Problem(f"{path}.outputSchema", "must be a JSON Schema object"))
+        else:
+            try:
+                jsonschema.Draft202012Validator.check_schema(schema)
+            except jsonschema.SchemaError as exc:
+                problems.append(Problem(f"{path}.outputSchema", f"not a valid JSON Schema: {exc.message}"))
+
+
+def parse_config(data: Any, node_id: str, services: dict[str, Any]) -> AgentConfig:
+    """The resolved input as an ``AgentConfig``; ``NodeFailure`` listing every problem otherwise."""
+    problems: list[Problem] = []
+    check_input(data, "input", problems)
+    if problems:
+        raise NodeFailure(f"node {node_id!r}: invalid claude.agent input: " + "; ".join(map(str, problems)),
+                          "invalid_input")
+    thinking = data.get("thinking")
+    return AgentConfig(
+        prompt=data.get("prompt"),
+        messages=data.get("messages"),
+        system=data.get("system"),
+        model=data.get("model") or DEFAULT_MODEL,
+        max_tokens=data.get("maxTokens", DEFAULT_MAX_TOKENS),
+        temperature=data.get("temperature"),
+        thinking_budget=thinking["budgetTokens"] if thinking else None,
+        max_turns=data.get("maxTurns", DEFAULT_MAX_TURNS),
+        max_total_turns=data.get("maxTotalTurns", services.get("agent_max_total_turns", DEFAULT_MAX_TOTAL_TURNS)),
+        tools=list(data.get("tools") or []),
+        output_schema=data.get("outputSchema"),
+        output_retries=data.get("outputRetries", DEFAULT_OUTPUT_RETRIES),
+        session=data.get("session", "continue"),
+        tool_result_max_bytes=data.get("toolResultMaxBytes",
+                                       services.get("tool_result_max_bytes", DEFAULT_TOOL_RESULT_MAX_BYTES)),
+    )

@@ -1,0 +1,38 @@
+"""Shared helpers for the claude.agent tests: a kernel on a real SQLite file talking to FakeAnthropic."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from kernel.anthropic_query import AnthropicQuery
+from kernel.api import Kernel
+from kernel.events import Event
+from kernel.registry import Registry, default_registry
+from kernel.store.sqlite import SqliteStore
+from kernel.testing.fake_api import FakeAnthropic
+
+
+def agent_flow(node_id: str = "agent", **node_input: Any) -> dict[str, Any]:
+    return {"name": "agent-test", "nodes": [{"id": node_id, "type": "claude.agent", "input": node_input}],
+            "edges": []}
+
+
+def make_kernel(tmp_path: Path, fake: FakeAnthropic, *, registry: Registry | None = None,
+                db: str = "runs.db", **services: Any) -> Kernel:
+    query = AnthropicQuery(base_url=fake.base_url, api_key="test", backoff_s=0.01, max_retries=3)
+    return Kernel(SqliteStore(tmp_path / db), registry=registry or default_registry().copy(),
+                  services={"query_fn": query, **services})
+
+
+def agent_events(kernel: Kernel, run_id: str) -> list[Event]:
+    return [e for e in kernel.events(run_id) if e.type.startswith("agent:")]
+
+
+def types(events: list[Event]) -> list[str]:
+    return [e.type for e in events]
+
+
+def stored_conversation(kernel: Kernel, session_id: str) -> list[dict[str, Any]]:
+    rows = kernel.store.list_agent_messages(session_id=session_id, limit=10_000)
+    return [{"role": r["role"], "content": r["content"]} for r in rows if r["role"] != "system"]
