@@ -78,8 +78,8 @@ def decide(flow: CompiledFlow, snap: RunSnapshot, candidates: Iterable[str], run
             if ctx is None:
                 ctx = binding_context(snap)
             stop = _decide_edges(flow, snap, n, ctx, decision)
-            if stop:  # a loop reset its own source: decide again on the new snapshot
-                decision.deferred.update(order[pos + 1:])
+            if stop:  # a loop reset part of the graph: decide the rest again on the new snapshot
+                decision.deferred.update(order[pos:])
                 return decision
         elif st == "failed":
             fault = snap.faults.get(n)
@@ -143,8 +143,8 @@ def _decide_edges(flow: CompiledFlow, snap: RunSnapshot, n: str, ctx: dict[str, 
             else:
                 decision.drafts.append(EdgeFire(edgeId=eid, from_=e.source, to=e.target))
                 decision.drafts.append(LoopIterate(edgeId=eid, iteration=counter + 1))
-                if n in flow.reset_sets[eid]:
-                    return True
+                # Whatever follows was judged on the snapshot before the reset: decide it again.
+                return True
         elif e.for_each is not None:
             try:
                 items = e.for_each.evaluate(ctx)

@@ -15,6 +15,8 @@ import os
 import signal
 from typing import Any
 
+import anyio.lowlevel
+
 from kernel.node import NodeContext
 from kernel.registry import register_function
 
@@ -46,3 +48,11 @@ def check(value: Any, fail_when: int = 0) -> Any:
     if number % 3 == fail_when:
         raise ValueError(f"crashy.check refuses {number} (≡ {fail_when} mod 3)")
     return number
+
+
+@register_function("crashy.check_later")
+async def check_later(value: Any, fail_when: int = 0, yields: int = 1) -> Any:
+    """``check`` after yielding to the event loop ``yields`` times, so node runs finish out of order."""
+    for _ in range(yields):
+        await anyio.lowlevel.checkpoint()
+    return check(value, fail_when)
