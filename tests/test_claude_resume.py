@@ -182,3 +182,33 @@ async def test_sigkill_mid_conversation_and_resume_from_a_new_process(tmp_path: 
     after_crash = fake.requests[3].body["messages"]
     assert after_crash == [*before_crash, {"role": "user", "content": "continue"}]
     assert json.dumps(after_crash) == json.dumps(stored_conversation(kernel, final.agentSessions["agent"])[:-1])
+
+
+async def test_resume_past_the_cumulative_step_limit_is_refused_with_a_clear_error(
+        tmp_path: Path, fake: FakeAnthropic) -> None:
+    fake.script(reply(ToolUse("ask_human", {"question": "Go on?"}, id="tu_q")), reply(Text("unused")))
+    kernel = make_kernel(tmp_path, fake)
+    snap = await kernel.run(kernel.compile(agent_flow(prompt="x", tools=["ask_human"], maxTotalTurns=1)), {})
+    await kernel.command(snap.runId, Command(kind="reply", target=snap.waiting["agent"].runId, content="yes"))
+    final = await kernel.resume(snap.runId)
+
+    assert final.status == "failed" and fake.request_count == 1
+    fault = final.faults["agent"]
+    assert fault.errorType == "error_max_turns"
+    assert "cumulative limit is 1" in fault.message and "maxTotalTurns" in fault.message
+
+
+async def test_the_default_query_honours_anthropic_base_url_and_api_key(
+        tmp_path: Path, fake: FakeAnthropic, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kernel.api import Kernel
+    from kernel.registry import default_registry
+    from kernel.store.sqlite import SqliteStore
+
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", fake.base_url)
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "from-env")
+    fake.script(reply(Text("hi from env")))
+    kernel = Kernel(SqliteStore(tmp_path / "env.db"), registry=default_registry().copy())  # no query_fn given
+    snap = await kernel.run(kernel.compile(agent_flow(prompt="x")), {})
+    assert snap.outputs["agent"]["text"] == "hi from env"
+    headers = fake.requests[0].headers
+    assert "from-env" in (headers.get("x-api-key", "") + headers.get("authorization", ""))
