@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import jsonschema
 
 from kernel.commands import Command, CommandOutcome, judge_command
 from kernel.compiler import CompiledFlow, compile_flow, load_flow
@@ -104,6 +103,8 @@ class Kernel:
         schema = flow.flow.inputs
         if schema is None:
             return
+        import jsonschema
+
         validator = jsonschema.Draft202012Validator(schema)
         errors = sorted(validator.iter_errors(value), key=lambda e: list(e.absolute_path))
         if errors:
@@ -253,7 +254,7 @@ class Kernel:
         holder = self.store.acquire_lease(run_id, self.owner, now_ms(), self.lease_ttl_ms)
         if holder is not None and _owner_dead(holder):
             # The holder died on this host: its lease is void, take the run over now.
-            holder = self.store.acquire_lease(run_id, self.owner, now_ms() + self.lease_ttl_ms * 2, self.lease_ttl_ms)
+            holder = self.store.acquire_lease(run_id, self.owner, now_ms(), self.lease_ttl_ms, steal_from=holder)
         if holder is not None:
             raise RunBusyError(f"run {run_id} is being executed by {holder}; wait for it to stop, "
                                f"or `flowkernel pause {run_id}`")

@@ -10,8 +10,6 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-import jsonschema
-
 from kernel.compiler import CompiledFlow
 from kernel.events import CommandReceived
 from kernel.snapshot import RunSnapshot
@@ -90,6 +88,8 @@ def judge_command(flow: CompiledFlow, snap: RunSnapshot, cmd: Command, *, execut
                 return _reject(cmd, f"node run {cmd.target} ({node}) is not waiting for a reply; use send")
             content = cmd.content
             if waiting.schema is not None:
+                import jsonschema
+
                 content = _coerce(content, waiting.schema)
                 try:
                     jsonschema.validate(content, waiting.schema)

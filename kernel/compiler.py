@@ -11,8 +11,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import networkx as nx
-
 from kernel.errors import FlowValidationError, Problem
 from kernel.expressions import (
     Condition,
@@ -153,6 +151,8 @@ def _check_structure(doc: dict[str, Any], node_types: Container[str], problems: 
             hint = f"; known types: {known}" if known else ""
             problems.append(Problem(f"$.nodes[{i}].type", f"unknown node type {ntype!r}{hint}"))
 
+    import networkx as nx  # only validation needs it; resuming a stored run should not pay the import
+
     edge_ids: dict[str, int] = {}
     gates: dict[str, tuple[str, int]] = {}
     for_each: dict[str, int] = {}
@@ -230,13 +230,12 @@ def _compile(flow: Flow, document: dict[str, Any], source: str, base_dir: Path |
                             base_dir=base_dir, nodes=nodes, edges=edges)
     out: dict[str, list[str]] = {n: [] for n in nodes}
     inc: dict[str, list[str]] = {n: [] for n in nodes}
-    graph: Any = nx.DiGraph()
-    graph.add_nodes_from(nodes)
+    forward: dict[str, set[str]] = {n: set() for n in nodes}
     for e in edges.values():
         out[e.source].append(e.id)
         if not e.is_loop:
             inc[e.target].append(e.id)
-            graph.add_edge(e.source, e.target)
+            forward[e.source].add(e.target)
         if flow.edges[e.index].gate is not None:
             compiled.gates[e.target] = flow.edges[e.index].gate or "all"
         if e.for_each is not None:
@@ -247,6 +246,18 @@ def _compile(flow: Flow, document: dict[str, Any], source: str, base_dir: Path |
         compiled.gates.setdefault(n, "all")
     for e in edges.values():
         if e.is_loop:
-            reach = {e.target} | set(nx.descendants(graph, e.target))
+            reach = _reachable(forward, e.target)
             compiled.reset_sets[e.id] = tuple(sorted(reach, key=lambda n: nodes[n].index))
     return compiled
+
+
+def _reachable(forward: dict[str, set[str]], start: str) -> set[str]:
+    """``start`` and every node reachable from it along non-loop edges."""
+    seen = {start}
+    todo = [start]
+    while todo:
+        for nxt in forward[todo.pop()]:
+            if nxt not in seen:
+                seen.add(nxt)
+                todo.append(nxt)
+    return seen

@@ -28,6 +28,7 @@ from kernel.events import (
     BaseEvent,
     FlowComplete,
     FlowPaused,
+    LoopIterate,
     NodeComplete,
     NodeError,
     NodeStart,
@@ -177,6 +178,10 @@ class RunExecution:
 
     def _handle(self, msg: _Message) -> None:
         if isinstance(msg, _Durable):
+            if msg.draft.nodeId is not None and self._stale(msg.draft):
+                msg.error = anyio.get_cancelled_exc_class()()
+                msg.done.set()
+                return
             try:
                 self._append(msg.draft)
             except Exception as exc:
@@ -189,9 +194,22 @@ class RunExecution:
         elif isinstance(msg, _Finished):
             self._active.pop((msg.node_id, msg.item), None)
         else:
-            if self.snap.status != "running" and msg.nodeId is not None and self._active_key(msg) not in self._active:
-                return  # a node cancelled as the run stopped; its late words change nothing
+            if msg.nodeId is not None and self._stale(msg):
+                return  # a node run that was cancelled (run stopped, loop reset): its late words change nothing
             self._append(msg)
+
+    def _stale(self, ev: BaseEvent) -> bool:
+        """Whether a node's event comes from a node run that is no longer the live one."""
+        key = self._active_key(ev)
+        if key not in self._active:
+            return True
+        if isinstance(ev, NodeStart):
+            return False  # a retry announcing its new node run
+        n, item = key
+        if item is not None:
+            fe = self.snap.forEach.get(n)
+            return fe is None or fe.running.get(str(item)) != ev.runId
+        return self.snap.nodeRuns.get(n) != ev.runId
 
     def _active_key(self, ev: BaseEvent) -> tuple[str, int | None]:
         return (ev.nodeId or "", getattr(ev, "item", None))
@@ -239,6 +257,8 @@ class RunExecution:
             self._dirty |= set(self.flow.nodes)
         else:
             self._dirty |= touched
+        if isinstance(event, LoopIterate):
+            self._cancel_nodes(self.flow.reset_sets[event.edgeId])
         if isinstance(event, NodeComplete | NodeWaiting) or (isinstance(event, NodeError) and not event.willRetry):
             self._active.pop(self._active_key(event), None)
         self._rows.append((event.seq, event.type, event.nodeId, event.runId, event.timestamp, body))
@@ -309,6 +329,17 @@ class RunExecution:
         for ev in applied:
             for listener in self._listeners:
                 listener(ev)
+
+    def _cancel_nodes(self, nodes: tuple[str, ...]) -> None:
+        """A loop reset these nodes: node runs of theirs still in flight are cancelled."""
+        reset = set(nodes)
+        for key, scope in list(self._active.items()):
+            if key[0] in reset:
+                if scope is not None:
+                    scope.cancel()
+                del self._active[key]
+        # Decided in this same step but not launched yet: never launch them.
+        self._to_launch = [s for s in self._to_launch if s.nodeId not in reset]
 
     def _stop_tasks(self) -> None:
         """Cancel the node runs in flight; on pause, cooperative node types finish their step."""

@@ -97,10 +97,11 @@ class MemoryStore:
     def change_token(self) -> int:
         return self._version
 
-    def acquire_lease(self, run_id: str, owner: str, now_ms: int, ttl_ms: int) -> str | None:
+    def acquire_lease(self, run_id: str, owner: str, now_ms: int, ttl_ms: int,
+                      steal_from: str | None = None) -> str | None:
         with self._lock:
             rec = self.get_run(run_id)
-            if rec.leaseOwner not in (None, owner) and (rec.leaseExpiresAt or 0) > now_ms:
+            if rec.leaseOwner not in (None, owner, steal_from) and (rec.leaseExpiresAt or 0) > now_ms:
                 return rec.leaseOwner
             self._runs[run_id] = replace(rec, leaseOwner=owner, leaseExpiresAt=now_ms + ttl_ms)
             return None

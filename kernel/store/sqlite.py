@@ -250,13 +250,14 @@ class SqliteStore:
 
     # -- leases -----------------------------------------------------------------------------
 
-    def acquire_lease(self, run_id: str, owner: str, now_ms: int, ttl_ms: int) -> str | None:
+    def acquire_lease(self, run_id: str, owner: str, now_ms: int, ttl_ms: int,
+                      steal_from: str | None = None) -> str | None:
         with self._tx() as db:
             row = db.execute("SELECT lease_owner, lease_expires_at FROM runs WHERE run_id = ?", (run_id,)).fetchone()
             if row is None:
                 raise UnknownRunError(run_id, str(self.path))
             holder, expires = row
-            if holder is not None and holder != owner and (expires or 0) > now_ms:
+            if holder is not None and holder not in (owner, steal_from) and (expires or 0) > now_ms:
                 return str(holder)
             db.execute("UPDATE runs SET lease_owner = ?, lease_expires_at = ? WHERE run_id = ?",
                        (owner, now_ms + ttl_ms, run_id))
