@@ -30,7 +30,7 @@ import jsonschema
 
 from kernel.errors import NodeFailure, Problem
 from kernel.events import AgentComplete, AgentError, AgentStart, AgentTool
-from kernel.node import NodeContext, WaitFor
+from kernel.node import INTERRUPTED, Interrupted, NodeContext, WaitFor
 from kernel.pricing import Price, cost_usd, find_price, price_table
 from kernel.query import ModelMessage, QueryFn
 from kernel.tools import ASK_HUMAN, ASK_HUMAN_DEFINITION, Tool, as_tool, result_text, truncate
@@ -91,6 +91,8 @@ class ClaudeAgentNode:
     """The ``claude.agent`` node type (DESIGN §7); input as in ``nodes.claude_config``."""
 
     name = "claude.agent"
+    # On pause the model call or tool round in flight finishes and is stored; then the node stops.
+    cooperative_pause = True
 
     def __init__(self) -> None:
         self._default_query: QueryFn | None = None
@@ -220,13 +222,12 @@ class _Execution:
                     continue
             return await self._finish(transcript, last)
 
-    async def _turn_boundary(self, transcript: Transcript) -> WaitFor | None:
+    async def _turn_boundary(self, transcript: Transcript) -> WaitFor | Interrupted | None:
         """Settle pending tool uses and take inbox messages as the next user message."""
         ctx = self.ctx
         if ctx.pause_requested():
-            # Start nothing new: the kernel is stopping the run and will cancel this task; whatever
-            # was finished is stored, so the resume rebuilds from here.
-            await anyio.sleep_forever()
+            # The step in flight is finished and stored: stop here, the resume rebuilds from the rows.
+            return INTERRUPTED
         inbox = ctx.inbox()
         taken = 0
         for b in transcript.pending_tool_uses():
