@@ -49,6 +49,7 @@ EventListener = Callable[[BaseEvent], None]
 
 CHECKPOINT_MIN_BYTES = 64 * 1024
 COMMAND_POLL_S = 0.05
+PAUSE_GRACE_S = 30.0
 
 
 @dataclass(slots=True)
@@ -73,7 +74,12 @@ class _Finished:
     item: int | None
 
 
-_Message = BaseEvent | _Durable | _Incoming | _Finished
+@dataclass(slots=True)
+class _Wake:
+    """Nothing to apply: makes the loop look at its state again."""
+
+
+_Message = BaseEvent | _Durable | _Incoming | _Finished | _Wake
 
 
 class RunExecution:
@@ -193,6 +199,8 @@ class RunExecution:
             self._handle_command(msg)
         elif isinstance(msg, _Finished):
             self._active.pop((msg.node_id, msg.item), None)
+        elif isinstance(msg, _Wake):
+            pass
         else:
             if msg.nodeId is not None and self._stale(msg):
                 return  # a node run that was cancelled (run stopped, loop reset): its late words change nothing
@@ -212,7 +220,15 @@ class RunExecution:
         return self.snap.nodeRuns.get(n) != ev.runId
 
     def _active_key(self, ev: BaseEvent) -> tuple[str, int | None]:
-        return (ev.nodeId or "", getattr(ev, "item", None))
+        n, item = ev.nodeId or "", getattr(ev, "item", None)
+        if item is None and ev.runId and not isinstance(ev, NodeStart):
+            # Agent and state events of a forEach item carry no ``item``: find it by the node run.
+            fe = self.snap.forEach.get(n)
+            if fe is not None:
+                for key, run_id in fe.running.items():
+                    if run_id == ev.runId:
+                        return (n, int(key))
+        return (n, item)
 
     def _handle_command(self, msg: _Incoming) -> None:
         outcome = judge_command(self.flow, self.snap, msg.command, executing=True)
@@ -224,6 +240,8 @@ class RunExecution:
                 self._pause = True
                 self._pause_event.set()
                 self.stop_reason = "pause"
+                if self._tg is not None:
+                    self._tg.start_soon(self._end_grace)
                 self._append(FlowPaused(reason=msg.command.reason or "pause requested", cause=received.seq))
             elif msg.command.kind == "abort":
                 self.stop_reason = "abort"
@@ -329,6 +347,12 @@ class RunExecution:
         for ev in applied:
             for listener in self._listeners:
                 listener(ev)
+
+    async def _end_grace(self) -> None:
+        """Cooperative nodes get a grace period to finish their step on pause; then they are cancelled."""
+        await anyio.sleep(float(self._services.get("pause_grace_s", PAUSE_GRACE_S)))
+        self.stop_reason = "pause-timeout"
+        self._send.send_nowait(_Wake())
 
     def _cancel_nodes(self, nodes: tuple[str, ...]) -> None:
         """A loop reset these nodes: node runs of theirs still in flight are cancelled."""

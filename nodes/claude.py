@@ -204,7 +204,10 @@ class _Execution:
                 return await self._finish(transcript, last)
             self._check_budgets(transcript)
             step = transcript.steps + 1
-            last = await self.query(self._request(transcript), ctx.emit, ctx)
+            answer = await self._call_unless_paused(transcript)
+            if answer is None:
+                return INTERRUPTED
+            last = answer
             transcript.steps = step
             self.turns += 1
             self.tally.add(last.get("model") or cfg.model, last.get("usage") or {})
@@ -221,6 +224,21 @@ class _Execution:
                 if problem:
                     continue
             return await self._finish(transcript, last)
+
+    async def _call_unless_paused(self, transcript: Transcript) -> ModelMessage | None:
+        """One model call; a pause cancels it (nothing of it is stored, so the resume sends it again)."""
+        ctx = self.ctx
+        answer: list[ModelMessage] = []
+        with anyio.CancelScope() as paused:
+            async with anyio.create_task_group() as tg:
+                async def watch() -> None:
+                    await ctx.wait_for_pause()
+                    paused.cancel()
+
+                tg.start_soon(watch)
+                answer.append(await self.query(self._request(transcript), ctx.emit, ctx))
+                tg.cancel_scope.cancel()
+        return answer[0] if answer else None
 
     async def _turn_boundary(self, transcript: Transcript) -> WaitFor | Interrupted | None:
         """Settle pending tool uses and take inbox messages as the next user message."""

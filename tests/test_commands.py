@@ -289,3 +289,64 @@ def test_recursion_is_stopped_by_the_depth_limit(tmp_path: Path) -> None:
     assert "depth limit 3" in (snap.error or "")
     chain = [r for r in kernel.runs() if r.flowName == "recursive"]
     assert len(chain) == 3
+
+
+class _Stepper:
+    """A cooperative node type: works in steps, stops between two steps when the run pauses."""
+
+    name = "test.stepper"
+    cooperative_pause = True
+
+    def __init__(self, stubborn: bool = False) -> None:
+        self.stubborn = stubborn
+        self.steps_done: list[int] = []
+
+    async def run(self, ctx: Any) -> Any:
+        from kernel.node import INTERRUPTED
+
+        start = len(self.steps_done)
+        for step in range(start, 3):
+            await anyio.sleep(0.05)
+            self.steps_done.append(step)
+            if ctx.pause_requested() and not self.stubborn:
+                return INTERRUPTED
+            if self.stubborn and step == 0:
+                await anyio.sleep_forever()
+        return list(self.steps_done)
+
+
+def _pause_while_running(kernel: Kernel, run_id: str) -> Any:
+    async def main() -> Any:
+        result: list[Any] = []
+        async with anyio.create_task_group() as tg:
+            async def execute() -> None:
+                result.append(await kernel.execute(run_id))
+
+            tg.start_soon(execute)
+            while "s" not in kernel.snapshot(run_id).nodeRuns:
+                await anyio.sleep(0.01)
+            await kernel.command(run_id, Command(kind="pause"))
+        return result[0]
+    return anyio.run(main)
+
+
+def test_a_cooperative_node_finishes_its_current_step_on_pause(tmp_path: Path) -> None:
+    stepper = _Stepper()
+    reg = registry()
+    reg.add_node_type(stepper)
+    kernel = Kernel(SqliteStore(tmp_path / "runs.db"), registry=reg)
+    run_id = kernel.create_run(kernel.compile(flow([{"id": "s", "type": "test.stepper"}])), {})
+    assert _pause_while_running(kernel, run_id).status == "paused"
+    assert stepper.steps_done == [0]  # the step in flight finished; the next one did not start
+    done = anyio.run(kernel.resume, run_id)
+    assert done.status == "completed" and done.outputs["s"] == [0, 1, 2]
+
+
+def test_a_cooperative_node_that_ignores_the_pause_is_cancelled_after_the_grace_period(tmp_path: Path) -> None:
+    stepper = _Stepper(stubborn=True)
+    reg = registry()
+    reg.add_node_type(stepper)
+    kernel = Kernel(SqliteStore(tmp_path / "runs.db"), registry=reg, services={"pause_grace_s": 0.1})
+    run_id = kernel.create_run(kernel.compile(flow([{"id": "s", "type": "test.stepper"}])), {})
+    paused = _pause_while_running(kernel, run_id)
+    assert paused.status == "paused" and paused.nodeStatus["s"] == "running"  # interrupted, re-run on resume
