@@ -23,7 +23,7 @@ from kernel.commands import Command, CommandOutcome, judge_command
 from kernel.compiler import CompiledFlow, compile_flow, load_flow
 from kernel.errors import CommandRejectedError, InvalidInputError, RunBusyError, RunInputError, StoreError
 from kernel.events import BaseEvent, CommandReceived, Event, FlowResumed, FlowStart, decode, encode
-from kernel.flow import canonical_json
+from kernel.flowfile import canonical_json
 from kernel.ids import new_run_id, now_ms
 from kernel.reducer import fold, initial_snapshot
 from kernel.registry import Registry, default_registry
@@ -82,8 +82,10 @@ class Kernel:
         """Read and validate a flow file (every problem at once, with JSON paths)."""
         return load_flow(path, node_types=self.registry.node_types)
 
-    def compile(self, document: dict[str, Any], source: str = "<flow>", base_dir: Path | None = None) -> CompiledFlow:
-        return compile_flow(document, source=source, base_dir=base_dir, node_types=self.registry.node_types)
+    def compile(self, document: dict[str, Any], source: str = "<flow>", base_dir: Path | None = None,
+                *, trusted: bool = False) -> CompiledFlow:
+        return compile_flow(document, source=source, base_dir=base_dir, node_types=self.registry.node_types,
+                            trusted=trusted)
 
     def flow_of(self, run_id: str) -> CompiledFlow:
         record = self.store.get_run(run_id)
@@ -93,14 +95,15 @@ class Kernel:
         document = json.loads(self.store.get_flow(record.flowHash))
         source = record.flowSource or f"<flow {record.flowName}>"
         base = Path(record.flowSource).parent if record.flowSource else None
-        flow = self.compile(document, source=source, base_dir=base)
+        # The hash matched when it was stored, and it was validated then: compile without re-checking.
+        flow = self.compile(document, source=source, base_dir=base, trusted=True)
         self._flows[record.flowHash] = flow
         return flow
 
     @staticmethod
     def check_input(flow: CompiledFlow, value: Any) -> None:
         """Raise RunInputError if ``value`` does not satisfy the flow's ``inputs`` schema."""
-        schema = flow.flow.inputs
+        schema = flow.inputs_schema
         if schema is None:
             return
         import jsonschema
@@ -420,7 +423,7 @@ def parse_inputs(flow: CompiledFlow, pairs: list[str], json_file: str | None) ->
         if not isinstance(loaded, dict):
             raise InvalidInputError(f"--input-json {json_file}: must hold a JSON object")
         value.update(loaded)
-    props = (flow.flow.inputs or {}).get("properties", {})
+    props = (flow.inputs_schema or {}).get("properties", {})
     for pair in pairs:
         key, sep, raw = pair.partition("=")
         if not sep or not key:

@@ -21,9 +21,24 @@ from kernel.expressions import (
     compile_when,
     strip_braces,
 )
-from kernel.flow import Flow, Policy, flow_hash, parse_flow, read_flow_document
+from kernel.flowfile import flow_hash, read_flow_document
 
 RESERVED_IDS = frozenset({"flow", "state"})
+
+
+@dataclass(frozen=True, slots=True)
+class RetrySpec:
+    maxAttempts: int = 1
+    backoffMs: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class PolicySpec:
+    """A node's ``policy``, with the defaults of the flow file format."""
+
+    retry: RetrySpec | None = None
+    timeoutMs: int | None = None
+    continueOnError: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,14 +62,13 @@ class CompiledNode:
     input: Template
     raw_input: dict[str, Any]
     when: Condition
-    policy: Policy
+    policy: PolicySpec
 
 
 @dataclass(slots=True)
 class CompiledFlow:
     """A validated flow: nodes, edges and the precomputed structure the reducer needs."""
 
-    flow: Flow
     document: dict[str, Any]
     hash: str
     source: str
@@ -69,11 +83,21 @@ class CompiledFlow:
 
     @property
     def name(self) -> str:
-        return self.flow.name
+        return str(self.document["name"])
 
     @property
     def max_concurrency(self) -> int:
-        return self.flow.maxConcurrency
+        return int(self.document.get("maxConcurrency", 8))
+
+    @property
+    def initial_state(self) -> dict[str, Any]:
+        state = self.document.get("state") or {}
+        return dict(state.get("initial") or {})
+
+    @property
+    def inputs_schema(self) -> dict[str, Any] | None:
+        schema = self.document.get("inputs")
+        return schema if isinstance(schema, dict) else None
 
 
 def load_flow(path: str | Path, node_types: Container[str] | None = None) -> CompiledFlow:
@@ -88,23 +112,31 @@ def compile_flow(
     source: str = "<flow>",
     base_dir: Path | None = None,
     node_types: Container[str] | None = None,
+    *,
+    trusted: bool = False,
 ) -> CompiledFlow:
-    """Validate ``document`` and compile it. ``node_types`` defaults to the default registry's."""
+    """Validate ``document`` and compile it. ``node_types`` defaults to the default registry's.
+
+    ``trusted``: the document was validated before (a stored, content-addressed flow), so the
+    cross-node checks are skipped; resuming a run then does not pay for them (nor import networkx).
+    """
     if node_types is None:
         from kernel.registry import default_registry
 
         node_types = default_registry().node_types
     problems: list[Problem] = []
-    flow: Flow | None = None
-    try:
-        flow = parse_flow(document, source)
-    except FlowValidationError as exc:
-        problems.extend(exc.problems)
-    if isinstance(document, dict):
-        _check_structure(document, node_types, problems)
-    if problems or flow is None:
-        raise FlowValidationError(source, _dedupe(problems))
-    compiled = _compile(flow, document, source, base_dir, problems)
+    if not trusted:
+        from kernel.flow import parse_flow  # pydantic: only where a user's file is checked
+
+        try:
+            parse_flow(document, source)
+        except FlowValidationError as exc:
+            problems.extend(exc.problems)
+        if isinstance(document, dict):
+            _check_structure(document, node_types, problems)
+        if problems:
+            raise FlowValidationError(source, _dedupe(problems))
+    compiled = _compile(document, source, base_dir, problems)
     if problems:
         raise FlowValidationError(source, _dedupe(problems))
     return compiled
@@ -202,32 +234,46 @@ def _check_structure(doc: dict[str, Any], node_types: Container[str], problems: 
                                                "give one of its edges maxIterations"))
 
 
-def _compile(flow: Flow, document: dict[str, Any], source: str, base_dir: Path | None,
+def _policy(raw: Any) -> PolicySpec:
+    raw = raw if isinstance(raw, dict) else {}
+    retry = raw.get("retry")
+    return PolicySpec(
+        retry=RetrySpec(int(retry.get("maxAttempts", 1)), int(retry.get("backoffMs", 0)))
+        if isinstance(retry, dict) else None,
+        timeoutMs=raw.get("timeoutMs"), continueOnError=bool(raw.get("continueOnError", False)))
+
+
+def _compile(document: dict[str, Any], source: str, base_dir: Path | None,
              problems: list[Problem]) -> CompiledFlow:
+    """Build the graph from a document whose shape is valid (checked now, or when it was stored)."""
     nodes: dict[str, CompiledNode] = {}
-    for i, node in enumerate(flow.nodes):
+    for i, node in enumerate(document["nodes"]):
         path = f"$.nodes[{i}]"
-        nodes[node.id] = CompiledNode(
-            id=node.id, index=i, type=node.type,
-            input=compile_template(node.input, f"{path}.input", problems),
-            raw_input=node.input,
-            when=compile_when(node.when, f"{path}.when", problems),
-            policy=node.policy,
+        raw_input = node.get("input") or {}
+        nodes[node["id"]] = CompiledNode(
+            id=node["id"], index=i, type=node["type"],
+            input=compile_template(raw_input, f"{path}.input", problems),
+            raw_input=raw_input,
+            when=compile_when(node.get("when"), f"{path}.when", problems),
+            policy=_policy(node.get("policy")),
         )
     edges: dict[str, CompiledEdge] = {}
-    for i, edge in enumerate(flow.edges):
+    gates: dict[str, str] = {}
+    for i, edge in enumerate(document.get("edges") or []):
         path = f"$.edges[{i}]"
-        fe = None
-        if edge.forEach is not None:
-            fe = compile_expr(strip_braces(edge.forEach.in_), f"{path}.forEach.in", problems)
-        edges[edge.edge_id] = CompiledEdge(
-            id=edge.edge_id, index=i, source=edge.from_, target=edge.to,
-            when=compile_when(edge.when, f"{path}.when", problems),
-            is_loop=edge.maxIterations is not None, max_iterations=edge.maxIterations,
-            for_each=fe, for_each_as=edge.forEach.as_ if edge.forEach else "item",
+        edge_id = edge.get("id") or f"{edge['from']}->{edge['to']}"
+        for_each = edge.get("forEach")
+        fe = compile_expr(strip_braces(for_each["in"]), f"{path}.forEach.in", problems) if for_each else None
+        edges[edge_id] = CompiledEdge(
+            id=edge_id, index=i, source=edge["from"], target=edge["to"],
+            when=compile_when(edge.get("when"), f"{path}.when", problems),
+            is_loop=edge.get("maxIterations") is not None, max_iterations=edge.get("maxIterations"),
+            for_each=fe, for_each_as=for_each.get("as", "item") if for_each else "item",
         )
-    compiled = CompiledFlow(flow=flow, document=document, hash=flow_hash(document), source=source,
-                            base_dir=base_dir, nodes=nodes, edges=edges)
+        if edge.get("gate") is not None:
+            gates[edge["to"]] = edge["gate"]
+    compiled = CompiledFlow(document=document, hash=flow_hash(document), source=source, base_dir=base_dir,
+                            nodes=nodes, edges=edges)
     out: dict[str, list[str]] = {n: [] for n in nodes}
     inc: dict[str, list[str]] = {n: [] for n in nodes}
     forward: dict[str, set[str]] = {n: set() for n in nodes}
@@ -236,14 +282,11 @@ def _compile(flow: Flow, document: dict[str, Any], source: str, base_dir: Path |
         if not e.is_loop:
             inc[e.target].append(e.id)
             forward[e.source].add(e.target)
-        if flow.edges[e.index].gate is not None:
-            compiled.gates[e.target] = flow.edges[e.index].gate or "all"
         if e.for_each is not None:
             compiled.for_each_into[e.target] = e.id
     compiled.outgoing = {n: tuple(v) for n, v in out.items()}
     compiled.incoming = {n: tuple(v) for n, v in inc.items()}
-    for n in nodes:
-        compiled.gates.setdefault(n, "all")
+    compiled.gates = {n: gates.get(n, "all") for n in nodes}
     for e in edges.values():
         if e.is_loop:
             reach = _reachable(forward, e.target)

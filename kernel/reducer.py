@@ -46,7 +46,7 @@ def initial_snapshot(flow: CompiledFlow, start: FlowStart) -> RunSnapshot:
     """The snapshot right after ``flow:start``."""
     return RunSnapshot(
         runId=start.flowRunId, status="running", seq=start.seq, flowHash=start.flowHash,
-        input=start.input, outputs={}, state=dict(flow.flow.state.initial),
+        input=start.input, outputs={}, state=flow.initial_state,
         nodeStatus={n: "pending" for n in flow.nodes}, edgeStatus={e: "pending" for e in flow.edges},
         loopCounters={}, inbox={}, agentSessions={}, nodeRuns={},
         parentRunId=start.parentRunId, parentNodeRunId=start.parentNodeRunId,

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import msgspec
 from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
@@ -50,6 +51,7 @@ EventListener = Callable[[BaseEvent], None]
 CHECKPOINT_MIN_BYTES = 64 * 1024
 COMMAND_POLL_S = 0.05
 PAUSE_GRACE_S = 30.0
+YIELD_EVERY_S = 0.01
 
 
 @dataclass(slots=True)
@@ -108,6 +110,7 @@ class RunExecution:
         self._checkpoint_size = checkpoint_size
         self._pause = False
         self._pause_event = anyio.Event()
+        self._yielded = time.monotonic()
         self.stop_reason: str | None = None
         self._tg: TaskGroup | None = None
 
@@ -163,13 +166,22 @@ class RunExecution:
             for draft in first:
                 self._append(draft)
             self._dirty |= set(self.flow.nodes)
-            self._step()
+            await self._step()
             while self.snap.status == "running" or self._active:
                 if self.snap.status != "running":
                     self._stop_tasks()
                     if not self._active:
                         break
-                msg = await self._recv.receive()
+                now = time.monotonic()
+                if now - self._yielded > YIELD_EVERY_S:
+                    # Inline nodes never await: let the command poller and lease renewal run.
+                    self._yielded = now
+                    await anyio.lowlevel.checkpoint()
+                try:
+                    msg = self._recv.receive_nowait()
+                except anyio.WouldBlock:
+                    msg = await self._recv.receive()
+                    self._yielded = time.monotonic()
                 batch = [msg]
                 while True:
                     try:
@@ -178,7 +190,7 @@ class RunExecution:
                         break
                 for m in batch:
                     self._handle(m)
-                self._step()
+                await self._step()
             tg.cancel_scope.cancel()
         return self.snap
 
@@ -284,7 +296,7 @@ class RunExecution:
         self._bytes_since_checkpoint += len(body)
         return event
 
-    def _step(self) -> None:
+    async def _step(self) -> None:
         while self.snap.status == "running":
             decision = decide(self.flow, self.snap, self._dirty, len(self._active))
             self._dirty = decision.deferred
@@ -304,12 +316,25 @@ class RunExecution:
                 else:
                     self._active.pop(key, None)
         self._commit()
+        launch, self._to_launch = self._to_launch, []
         if self.snap.status == "running" and self._tg is not None:
-            for s in self._to_launch:
+            for s in launch:
+                if self._inline(s):
+                    # Finishes without awaiting anything: no task needed; its events arrive like any other's.
+                    await self._attempts(s)
+                    continue
                 scope = anyio.CancelScope()
                 self._active[self._active_key(s)] = scope
                 self._tg.start_soon(self._run_node, s, scope)
-        self._to_launch = []
+
+    def _inline(self, s: NodeStart) -> bool:
+        """Node runs that complete synchronously (no timeout, no retry) run in the shell's own task."""
+        node = self.flow.nodes[s.nodeId or ""]
+        if node.policy.timeoutMs or (node.policy.retry and node.policy.retry.maxAttempts > 1):
+            return False
+        node_type = self.registry.node_types.get(node.type)
+        probe = getattr(node_type, "runs_inline", None)
+        return bool(probe(s.input, self.registry)) if probe is not None else False
 
     def _launchable(self, s: NodeStart) -> bool:
         n = s.nodeId or ""

@@ -15,6 +15,9 @@ class NoopNode:
 
     name = "noop"
 
+    def runs_inline(self, input: Any, registry: Any) -> bool:
+        return True
+
     async def run(self, ctx: NodeContext) -> Any:
         return ctx.input
 
@@ -23,6 +26,9 @@ class TransformNode:
     """Evaluates ``expr`` (JSONata) over the binding context; outputs the value."""
 
     name = "transform"
+
+    def runs_inline(self, input: Any, registry: Any) -> bool:
+        return True
 
     def __init__(self) -> None:
         self._cache: dict[str, Expr] = {}
@@ -57,6 +63,9 @@ class StateSetNode:
     """Changes the run's state at ``path`` with ``op`` (set, merge, append); outputs the new value."""
 
     name = "state.set"
+
+    def runs_inline(self, input: Any, registry: Any) -> bool:
+        return True
 
     def check(self, raw_input: dict[str, Any], path: str, problems: list[Problem]) -> None:
         if not isinstance(raw_input.get("path"), str):

@@ -229,6 +229,7 @@ class _Execution:
         """One model call; a pause cancels it (nothing of it is stored, so the resume sends it again)."""
         ctx = self.ctx
         answer: list[ModelMessage] = []
+        failure: list[Exception] = []
         with anyio.CancelScope() as paused:
             async with anyio.create_task_group() as tg:
                 async def watch() -> None:
@@ -236,8 +237,13 @@ class _Execution:
                     paused.cancel()
 
                 tg.start_soon(watch)
-                answer.append(await self.query(self._request(transcript), ctx.emit, ctx))
+                try:
+                    answer.append(await self.query(self._request(transcript), ctx.emit, ctx))
+                except Exception as exc:  # re-raised below, unwrapped by the task group
+                    failure.append(exc)
                 tg.cancel_scope.cancel()
+        if failure:
+            raise failure[0]
         return answer[0] if answer else None
 
     async def _turn_boundary(self, transcript: Transcript) -> WaitFor | Interrupted | None:

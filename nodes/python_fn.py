@@ -18,6 +18,11 @@ class PythonNode:
 
     name = "python"
 
+    def runs_inline(self, input: Any, registry: Any) -> bool:
+        """A sync function blocks the event loop wherever it runs: run it without a task of its own."""
+        fn = registry.functions.get(str(input.get("function"))) if isinstance(input, dict) else None
+        return fn is not None and not inspect.iscoroutinefunction(fn) and not inspect.isasyncgenfunction(fn)
+
     def check(self, raw_input: dict[str, Any], path: str, problems: list[Problem]) -> None:
         if not isinstance(raw_input.get("function"), str):
             problems.append(Problem(f"{path}.function", "python needs the registered `function` name"))

@@ -55,6 +55,12 @@ SCHEMA = [
 
 _RUN_COLUMNS = ("run_id, flow_name, flow_hash, status, seq, input, created_at, updated_at, error, parent_run_id, "
                 "parent_node_run_id, forked_from, forked_at, flow_source, lease_owner, lease_expires_at")
+# The run row is rewritten only when the status changes; the latest seq and time come from the log.
+_RUN_SELECT = (
+    "run_id, flow_name, flow_hash, status, "
+    "(SELECT MAX(e.seq) FROM events e WHERE e.run_id = runs.run_id), input, created_at, "
+    "(SELECT e.ts FROM events e WHERE e.run_id = runs.run_id ORDER BY e.seq DESC LIMIT 1), error, "
+    "parent_run_id, parent_node_run_id, forked_from, forked_at, flow_source, lease_owner, lease_expires_at")
 
 
 def _record(row: Sequence[Any]) -> RunRecord:
@@ -78,6 +84,7 @@ class SqliteStore:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         timeout = float(os.environ.get("FLOWKERNEL_BUSY_TIMEOUT_MS", "5000")) / 1000
         self._lock = threading.RLock()
+        self._known_status: dict[str, tuple[str, str | None]] = {}
         try:
             self._db = sqlite3.connect(self.path, timeout=timeout, isolation_level=None, check_same_thread=False)
             self._prepare()
@@ -175,13 +182,13 @@ class SqliteStore:
             [(run_id, seq, typ, node, nr, ts, body.decode()) for seq, typ, node, nr, ts, body in events])
 
     def get_run(self, run_id: str) -> RunRecord:
-        rows = self._query(f"SELECT {_RUN_COLUMNS} FROM runs WHERE run_id = ?", (run_id,))
+        rows = self._query(f"SELECT {_RUN_SELECT} FROM runs WHERE run_id = ?", (run_id,))
         if not rows:
             raise UnknownRunError(run_id, str(self.path))
         return _record(rows[0])
 
     def list_runs(self, status: str | None = None, parent: str | None = None, limit: int = 1000) -> list[RunRecord]:
-        sql = f"SELECT {_RUN_COLUMNS} FROM runs WHERE 1 = 1"
+        sql = f"SELECT {_RUN_SELECT} FROM runs WHERE 1 = 1"
         params: list[Any] = []
         if status is not None:
             sql += " AND status = ?"
@@ -200,14 +207,17 @@ class SqliteStore:
         try:
             with self._tx() as db:
                 self._insert_events(db, run_id, events)
-                db.execute("UPDATE runs SET status = ?, seq = ?, error = ?, updated_at = ? WHERE run_id = ?",
-                           (status, seq, error, now_ms(), run_id))
+                if self._known_status.get(run_id) != (status, error):
+                    db.execute("UPDATE runs SET status = ?, seq = ?, error = ?, updated_at = ? WHERE run_id = ?",
+                               (status, seq, error, now_ms(), run_id))
                 if checkpoint is not None:
                     # Compaction: the newest checkpoint replaces the older ones.
                     db.execute("DELETE FROM checkpoints WHERE run_id = ?", (run_id,))
                     db.execute("INSERT INTO checkpoints (run_id, seq, body) VALUES (?, ?, ?)",
                                (run_id, seq, checkpoint.decode()))
+            self._known_status[run_id] = (status, error)
         except sqlite3.IntegrityError as exc:
+            self._known_status.pop(run_id, None)
             raise StoreError(f"run {run_id}: events out of order ({exc}); is another process executing it?") from None
         except sqlite3.Error as exc:
             raise self._error(exc) from None
