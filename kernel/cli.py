@@ -94,6 +94,26 @@ def _parser() -> argparse.ArgumentParser:
         db(sp)
         js(sp)
 
+    sp = sub.add_parser("fixtures", help="write a stored run's model calls as fixture files")
+    sp.add_argument("run")
+    sp.add_argument("--output", required=True, metavar="DIR", help="the fixture directory (one <nodeId>.json each)")
+    sp.add_argument("--force", action="store_true", help="overwrite fixture files that exist")
+    db(sp)
+
+    sp = sub.add_parser("rerun", help="execute a run's flow again from its own recorded model calls and "
+                                      "report the first divergence")
+    sp.add_argument("run")
+    db(sp)
+    js(sp)
+
+    sp = sub.add_parser("fork", help="start a new run from the snapshot after event SEQ")
+    sp.add_argument("run")
+    sp.add_argument("--at", type=int, required=True, metavar="SEQ")
+    sp.add_argument("--input", action="append", default=[], metavar="K=V", help="change an input value")
+    sp.add_argument("--fixtures", metavar="DIR")
+    db(sp)
+    js(sp)
+
     for name, helptext in (("pause", "pause a run (running nodes are interrupted)"),
                            ("abort", "abort a run for good")):
         sp = sub.add_parser(name, help=helptext)
@@ -115,6 +135,8 @@ def main(argv: list[str] | None = None) -> int:
         from kernel.registry import default_registry, load_plugins
 
         plugins = list(args.plugin)
+        if plugins and os.getcwd() not in sys.path:
+            sys.path.insert(0, os.getcwd())  # like `python -m`: a project's own plugin modules import
         default_registry()
         load_plugins(plugins)
         handler = globals()[f"cmd_{args.command}"]
@@ -135,7 +157,10 @@ def _kernel(args: argparse.Namespace, *, create: bool = False) -> Kernel:
     services: dict[str, Any] = {}
     fixtures = getattr(args, "fixtures", None)
     if fixtures:
+        from kernel.testing.fixtures import MockQuery
+
         services["fixtures"] = fixtures
+        services["query_fn"] = MockQuery(fixtures)
     return Kernel(open_store(args.db, create=create), services=services)
 
 
@@ -312,6 +337,57 @@ def cmd_retry(args: argparse.Namespace) -> int:
     try:
         snap = _run_async(kernel.retry, args.run, on_event=_printer(args))
         return _exit_for(snap, args.run)
+    finally:
+        kernel.close()
+
+
+def cmd_fixtures(args: argparse.Namespace) -> int:
+    from kernel.testing.fixtures import fixtures_from_run, write_fixtures
+
+    kernel = _kernel(args)
+    try:
+        kernel.store.get_run(args.run)
+        documents = fixtures_from_run(kernel.store, args.run, tools=kernel.registry.tools)
+        if not documents:
+            print(f"flowkernel: run {args.run} made no model calls; nothing to write", file=sys.stderr)
+            return EXIT_OK
+        for path in write_fixtures(documents, args.output, force=args.force):
+            print(path)
+        return EXIT_OK
+    finally:
+        kernel.close()
+
+
+def cmd_rerun(args: argparse.Namespace) -> int:
+    from kernel.timetravel import rerun
+
+    kernel = _kernel(args)
+    try:
+        report = _run_async(rerun, kernel, args.run)
+        if args.json:
+            import json
+
+            d = report.divergence
+            print(json.dumps({"runId": report.run_id, "rerunId": report.rerun_id, "matches": report.matches,
+                              "status": report.snapshot.status,
+                              "divergence": None if d is None else {"kind": d.kind, "seq": d.seq, "message": d.message}}))
+        else:
+            print(report.describe())
+        return EXIT_OK if report.matches else EXIT_FAILED
+    finally:
+        kernel.close()
+
+
+def cmd_fork(args: argparse.Namespace) -> int:
+    from kernel.api import parse_inputs
+    from kernel.timetravel import fork
+
+    kernel = _kernel(args)
+    try:
+        changes = parse_inputs(kernel.flow_of(args.run), args.input, None) if args.input else None
+        snap = _run_async(fork, kernel, args.run, args.at, input=changes, on_event=_printer(args))
+        print(f"flowkernel: fork {snap.runId} of {args.run} at seq {args.at}", file=sys.stderr)
+        return _exit_for(snap, snap.runId)
     finally:
         kernel.close()
 

@@ -1,0 +1,25 @@
+"""The ``lookup_fact`` tool of ``flows/research.json``: a small offline knowledge base, deterministic.
+
+Load it with ``flowkernel --plugin flows.plugins.research_tools ...`` (from the repository root) or
+``FLOWKERNEL_PLUGINS=flows.plugins.research_tools``.
+"""
+
+from __future__ import annotations
+
+from kernel.registry import register_tool
+from kernel.tools import tool
+
+FACTS = {
+    "sqlite": "SQLite is an embedded, serverless SQL database; one file holds the whole database.",
+    "postgresql": "PostgreSQL is a client-server SQL database with MVCC, rich types and extensions.",
+    "duckdb": "DuckDB is an embedded columnar database built for analytical queries.",
+}
+
+
+@tool()
+def lookup_fact(topic: str) -> str:
+    """Look up a short fact about a database in the offline knowledge base."""
+    return FACTS.get(topic.strip().lower(), f"No fact is known about {topic!r}.")
+
+
+register_tool("lookup_fact", lookup_fact)

@@ -1,0 +1,296 @@
+"""Time travel over stored runs: re-execute a run from its own recording (``rerun``) and start a new
+run from the snapshot after any event (``fork``).
+
+``rerun`` turns a run into a regression test: the flow as it is *now* runs again, in memory, with the
+run's own model calls as fixtures (``kernel.testing.fixtures``) and its human replies given back in
+order; the report names the first point where the two executions part (a changed prompt, an extra
+or missing model call, a different edge decision, another output) or says they match.
+
+``fork`` copies the run's events up to SEQ (and the agent conversations as they were then) into a new
+run whose ``flow:start`` records ``forkedFrom`` and ``forkedAt``, so the fork's own log folds to its
+own snapshot and both runs stay inspectable. Interrupted node runs continue as after a resume.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from kernel.errors import InvalidInputError
+from kernel.events import (
+    AgentStart,
+    BaseEvent,
+    CommandReceived,
+    Event,
+    FlowResumed,
+    FlowStart,
+    NodeComplete,
+    NodeError,
+    NodeStart,
+    NodeWaiting,
+    decode,
+    encode,
+    to_dict,
+)
+from kernel.ids import new_run_id, now_ms
+from kernel.reducer import fold
+from kernel.snapshot import RunSnapshot, encode_snapshot
+from kernel.store.base import EventRow, RunRecord
+
+if TYPE_CHECKING:
+    from kernel.api import Kernel
+    from kernel.compiler import CompiledFlow
+
+_ID = re.compile(r"\b(run|nr|ses)_[0-9a-z]{20}")
+_VOLATILE_KEYS = frozenset({"seq", "timestamp", "flowRunId", "runId", "cause", "durationMs", "resumedFrom"})
+# Bookkeeping of how a run was driven (commands, resumes), not what it did.
+_IGNORED = frozenset({"flow:start", "flow:resumed", "flow:paused", "flow:waiting", "command:received",
+                      "inbox:consumed"})
+
+
+def comparable(ev: BaseEvent) -> dict[str, Any]:
+    """The event without what differs between two executions of the same thing: seq, timestamps,
+    durations, run / node-run / session ids."""
+    d = {k: v for k, v in to_dict(ev).items() if k not in _VOLATILE_KEYS}
+    result: dict[str, Any] = json.loads(_ID.sub(lambda m: f"{m.group(1)}_*", json.dumps(d, sort_keys=True)))
+    return result
+
+
+def _lanes(events: list[Event]) -> dict[tuple[str, ...], list[Event]]:
+    """Events grouped by what orders them: one node (and forEach item), one edge, or the run.
+
+    Across node runs events may interleave differently in two executions; within a lane they may not.
+    """
+    item_of: dict[str, int | None] = {}
+    lanes: dict[tuple[str, ...], list[Event]] = {}
+    for ev in events:
+        if ev.type in _IGNORED:
+            continue
+        if isinstance(ev, NodeStart) and ev.runId:
+            item_of[ev.runId] = ev.item
+        edge = getattr(ev, "edgeId", None)
+        if edge is not None:
+            key: tuple[str, ...] = ("edge", edge)
+        elif ev.nodeId is not None:
+            item = getattr(ev, "item", None)
+            if item is None and ev.runId:
+                item = item_of.get(ev.runId)
+            key = ("node", ev.nodeId, "" if item is None else str(item))
+        else:
+            key = ("run",)
+        lanes.setdefault(key, []).append(ev)
+    return lanes
+
+
+@dataclass(frozen=True, slots=True)
+class Divergence:
+    kind: str  # request | extra_call | missing_call | event | extra_event | missing_event
+    message: str
+    seq: int | None = None  # where, in the recorded run
+
+
+@dataclass(slots=True)
+class RerunReport:
+    run_id: str
+    rerun_id: str
+    snapshot: RunSnapshot
+    divergence: Divergence | None
+
+    @property
+    def matches(self) -> bool:
+        return self.divergence is None
+
+    def describe(self) -> str:
+        if self.divergence is None:
+            return (f"run {self.run_id}: the re-execution matches the recording "
+                    f"({self.snapshot.status}, same events and outputs)")
+        where = f" at seq {self.divergence.seq}" if self.divergence.seq is not None else ""
+        return f"run {self.run_id}: diverges{where} ({self.divergence.kind}): {self.divergence.message}"
+
+
+def _brief(ev: Event) -> str:
+    d = comparable(ev)
+    d.pop("type", None)
+    text = json.dumps(d, ensure_ascii=False, sort_keys=True)
+    return f"{ev.type} {text if len(text) <= 300 else text[:299] + '…'}"
+
+
+def first_divergence(recorded: list[Event], rerun: list[Event]) -> Divergence | None:
+    """The earliest (in the recorded log) event where the two executions differ, or None."""
+    a, b = _lanes(recorded), _lanes(rerun)
+    best: tuple[float, Divergence] | None = None
+    for key in [*a, *(k for k in b if k not in a)]:
+        xs, ys = a.get(key, []), b.get(key, [])
+        for i in range(max(len(xs), len(ys))):
+            x = xs[i] if i < len(xs) else None
+            y = ys[i] if i < len(ys) else None
+            if x is not None and y is not None and comparable(x) == comparable(y):
+                continue
+            at = float(x.seq) if x is not None else (xs[-1].seq + 0.5 if xs else float("inf"))
+            div = _explain(key, x, y)
+            if best is None or at < best[0]:
+                best = (at, div)
+            break
+    return best[1] if best else None
+
+
+def _explain(key: tuple[str, ...], x: Event | None, y: Event | None) -> Divergence:
+    seq = x.seq if x is not None else None
+    who = key[1] + (f"[{key[2]}]" if len(key) > 2 and key[2] else "") if len(key) > 1 else "the run"
+    if isinstance(y, NodeError) and y.errorType in ("fixture_mismatch", "fixture_missing"):
+        kind = "request" if y.errorType == "fixture_mismatch" else "extra_call"
+        return Divergence(kind, y.message, seq)
+    if x is None and y is not None:
+        return Divergence("extra_event", f"{who}: the re-execution has an extra event: {_brief(y)}", seq)
+    if y is None and x is not None:
+        return Divergence("missing_event", f"{who}: the re-execution lacks the recorded event: {_brief(x)}", seq)
+    assert x is not None and y is not None
+    return Divergence("event", f"{who}: recorded {_brief(x)}\n  but the re-execution has {_brief(y)}", seq)
+
+
+def _recorded_replies(events: list[Event]) -> dict[str, list[Any]]:
+    """Accepted replies and messages of the run, per node id (and item), in order."""
+    node_of: dict[str, str] = {}
+    out: dict[str, list[Any]] = {}
+    for ev in events:
+        if isinstance(ev, NodeStart) and ev.runId:
+            node_of[ev.runId] = f"{ev.nodeId}" if ev.item is None else f"{ev.nodeId}[{ev.item}]"
+        elif isinstance(ev, CommandReceived) and ev.accepted and ev.command == "reply" and ev.target:
+            out.setdefault(node_of.get(ev.target, ""), []).append(ev.content)
+    return out
+
+
+async def rerun(kernel: Kernel, run_id: str, *, flow: CompiledFlow | None = None,
+                on_event: Callable[[BaseEvent], None] | None = None) -> RerunReport:
+    """Execute ``run_id``'s flow again (the file as it is now, else the stored definition) on an
+    in-memory store, from the run's own recorded model calls and replies; report the first divergence."""
+    from kernel.api import Kernel as KernelClass
+    from kernel.store.memory import MemoryStore
+    from kernel.testing.fixtures import MockQuery, fixtures_from_run, write_fixtures
+
+    record = kernel.store.get_run(run_id)
+    if flow is None:
+        flow = _current_flow(kernel, record)
+    recorded = kernel.events(run_id)
+    with tempfile.TemporaryDirectory(prefix="flowkernel-rerun-") as tmp:
+        write_fixtures(fixtures_from_run(kernel.store, run_id, tools=kernel.registry.tools), tmp)
+        mock = MockQuery(tmp)
+        services = {k: v for k, v in kernel.services.items() if k != "kernel"}
+        services["query_fn"] = mock
+        replay = KernelClass(MemoryStore(), registry=kernel.registry, services=services)
+        snap = await replay.run(flow, record.input, on_event=on_event)
+        replies = _recorded_replies(recorded)
+        while snap.status == "waiting":
+            delivered = False
+            for node, waiting in sorted(snap.waiting.items()):
+                queue = replies.get(node, [])
+                if queue:
+                    snap = await replay.reply(snap.runId, waiting.runId, queue.pop(0), on_event=on_event)
+                    delivered = True
+                    break
+            if not delivered:
+                break
+        again = replay.events(snap.runId)
+        divergence = first_divergence(recorded, again)
+        if divergence is None:
+            unused = mock.unused()
+            if unused:
+                node, call = unused[0]
+                item = "" if call.item is None else f" item {call.item}"
+                divergence = Divergence("missing_call", f"node {node!r}{item}: recorded model call "
+                                        f"calls[{call.index}] was not made by the re-execution")
+        return RerunReport(run_id=run_id, rerun_id=snap.runId, snapshot=snap, divergence=divergence)
+
+
+def _current_flow(kernel: Kernel, record: RunRecord) -> CompiledFlow:
+    from pathlib import Path
+
+    if record.flowSource and Path(record.flowSource).is_file():
+        return kernel.load_flow(record.flowSource)
+    return kernel.flow_of(record.runId)
+
+
+def create_fork(kernel: Kernel, run_id: str, at: int, *, input: dict[str, Any] | None = None) -> str:
+    """Store a new run holding ``run_id``'s history up to event ``at``; returns its id (nothing runs yet).
+
+    ``input`` replaces keys of the run input from here on (nodes already finished keep their outputs).
+    Agent conversations are copied as they stood at ``at``, so agents continue where they were.
+    """
+    record = kernel.store.get_run(run_id)
+    if not 1 <= at <= record.seq:
+        raise InvalidInputError(f"fork {run_id} --at {at}: SEQ must be between 1 and {record.seq} (the run's last event)")
+    flow = kernel.flow_of(run_id)
+    events = kernel.events(run_id, until=at)
+    value = record.input
+    if input:
+        if not isinstance(value, dict):
+            raise InvalidInputError(f"fork {run_id}: the run input is not an object; --input cannot change it")
+        value = {**value, **input}
+    kernel.check_input(flow, value)
+    fork_id = new_run_id()
+    old, new = run_id.removeprefix("run_"), fork_id.removeprefix("run_")
+    start = FlowStart(seq=1, timestamp=now_ms(), flowRunId=fork_id, flowName=record.flowName,
+                      flowHash=record.flowHash, input=value, forkedFrom=run_id, forkedAt=at)
+    rows: list[EventRow] = [(1, "flow:start", None, None, start.timestamp, encode(start))]
+    copied: list[Event] = [decode(rows[0][5])]
+    finished: set[str] = set()
+    for ev in events[1:]:
+        body = encode(ev).replace(f"ses_{old}".encode(), f"ses_{new}".encode())
+        copy = decode(body)
+        copy.flowRunId = fork_id
+        body = encode(copy)
+        copied.append(copy)
+        rows.append((copy.seq, copy.type, copy.nodeId, copy.runId, copy.timestamp, body))
+        if isinstance(copy, NodeComplete | NodeError | NodeWaiting) and copy.runId:
+            finished.add(copy.runId)
+    snap = fold(flow, copied)
+    cutoff = events[-1].timestamp
+    fork_record = RunRecord(runId=fork_id, flowName=record.flowName, flowHash=record.flowHash, status=snap.status,
+                            seq=snap.seq, input=value, createdAt=start.timestamp, updatedAt=start.timestamp,
+                            error=snap.error, forkedFrom=run_id, forkedAt=at, flowSource=record.flowSource)
+    kernel.store.create_run(fork_record, rows, encode_snapshot(snap))
+    _copy_conversations(kernel, run_id, fork_id, finished, cutoff, {e.runId for e in copied
+                                                                    if isinstance(e, AgentStart) and e.runId})
+    return fork_id
+
+
+def _copy_conversations(kernel: Kernel, run_id: str, fork_id: str, finished: set[str], cutoff: int,
+                        started: set[str]) -> None:
+    old, new = f"ses_{run_id.removeprefix('run_')}", f"ses_{fork_id.removeprefix('run_')}"
+
+    def keep(row: dict[str, Any]) -> bool:
+        # Rows of node runs finished by the cut are all in; of runs still going, those written by then.
+        return row["runId"] in finished or (row["runId"] in started and int(row["createdAt"]) <= cutoff)
+
+    def moved(row: dict[str, Any]) -> dict[str, Any]:
+        out = {k: v for k, v in row.items() if k != "id"}
+        out["flowRunId"] = fork_id
+        out["sessionId"] = str(row["sessionId"]).replace(old, new)
+        return out
+
+    store = kernel.store
+    for lister, adder in ((store.list_agent_messages, store.add_agent_message),
+                          (store.list_tool_calls, store.add_tool_call)):
+        after = 0
+        while True:
+            page = lister(flow_run_id=run_id, after=after, limit=1000)
+            for row in page:
+                if keep(row):
+                    adder(moved(row))
+            if len(page) < 1000:
+                break
+            after = int(page[-1]["id"])
+
+
+async def fork(kernel: Kernel, run_id: str, at: int, *, input: dict[str, Any] | None = None,
+               on_event: Callable[[BaseEvent], None] | None = None) -> RunSnapshot:
+    """``create_fork`` and execute the fork until it stops."""
+    fork_id = create_fork(kernel, run_id, at, input=input)
+    if on_event is not None:
+        for ev in kernel.events(fork_id):
+            on_event(ev)
+    return await kernel.execute(fork_id, on_event=on_event, first=[FlowResumed(message=None)])
