@@ -131,19 +131,20 @@ def first_divergence(recorded: list[Event], rerun: list[Event]) -> Divergence | 
             if x is not None and y is not None and comparable(x) == comparable(y):
                 continue
             at = float(x.seq) if x is not None else (xs[-1].seq + 0.5 if xs else float("inf"))
-            div = _explain(key, x, y)
+            div = _explain(key, x, y, ys[i:])
             if best is None or at < best[0]:
                 best = (at, div)
             break
     return best[1] if best else None
 
 
-def _explain(key: tuple[str, ...], x: Event | None, y: Event | None) -> Divergence:
+def _explain(key: tuple[str, ...], x: Event | None, y: Event | None, rest: list[Event]) -> Divergence:
     seq = x.seq if x is not None else None
     who = key[1] + (f"[{key[2]}]" if len(key) > 2 and key[2] else "") if len(key) > 1 else "the run"
-    if isinstance(y, NodeError) and y.errorType in ("fixture_mismatch", "fixture_missing"):
-        kind = "request" if y.errorType == "fixture_mismatch" else "extra_call"
-        return Divergence(kind, y.message, seq)
+    for ev in rest:  # a changed node input shows first, but the model call it changes says more
+        if isinstance(ev, NodeError) and ev.errorType in ("fixture_mismatch", "fixture_missing"):
+            kind = "request" if ev.errorType == "fixture_mismatch" else "extra_call"
+            return Divergence(kind, ev.message, seq)
     if x is None and y is not None:
         return Divergence("extra_event", f"{who}: the re-execution has an extra event: {_brief(y)}", seq)
     if y is None and x is not None:

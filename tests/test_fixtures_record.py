@@ -1,0 +1,65 @@
+"""Recording round trip: record against the fake Messages API, re-run from the fixtures, same events and outputs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anyio
+
+from kernel.anthropic_query import AnthropicQuery
+from kernel.api import Kernel
+from kernel.store.memory import MemoryStore
+from kernel.testing.fake_api import FakeAnthropic, Text, Thinking, ToolUse, reply
+from kernel.testing.fixtures import MockQuery, RecordingQuery, fixtures_from_run, write_fixtures
+from kernel.timetravel import comparable
+from kernel.tools import tool
+
+FLOW = {"name": "rt", "nodes": [
+    {"id": "ask", "type": "claude.agent", "input": {"prompt": "Add 2 and 3, then explain.", "tools": ["add"],
+                                                    "thinking": {"budgetTokens": 1024}}},
+    {"id": "say", "type": "claude.agent", "input": {"prompt": "Repeat: {{ ask.text }}", "system": "Be brief."}},
+], "edges": [{"from": "ask", "to": "say"}]}
+
+
+@tool()
+def add(a: int, b: int) -> int:
+    """Add two integers."""
+    return a + b
+
+
+def kernel_with(query: object) -> Kernel:
+    from kernel.registry import default_registry
+
+    reg = default_registry().copy()
+    reg.add_tool("add", add)
+    return Kernel(MemoryStore(), registry=reg, services={"query_fn": query})
+
+
+def test_recorded_fixtures_reproduce_the_same_events_and_outputs(tmp_path: Path) -> None:
+    with FakeAnthropic() as fake:
+        fake.script(reply(Thinking("2+3 needs the tool"), ToolUse("add", {"a": 2, "b": 3})),
+                    reply(Text("2 + 3 = 5, because adding counts on.", deltas=4)),
+                    reply(Text("2 + 3 = 5.")))
+        recorder = RecordingQuery(AnthropicQuery(base_url=fake.base_url, api_key="test", max_retries=0))
+        live = kernel_with(recorder)
+        first = anyio.run(live.run, live.compile(FLOW), {})
+    assert first.status == "completed"
+    write_fixtures(recorder.files(), tmp_path / "recorded")
+
+    replayed = kernel_with(MockQuery(tmp_path / "recorded"))
+    second = anyio.run(replayed.run, replayed.compile(FLOW), {})
+    assert [comparable(e) for e in replayed.events(second.runId)] == [comparable(e) for e in live.events(first.runId)]
+
+    def strip(outputs: dict[str, dict[str, object]]) -> dict[str, dict[str, object]]:
+        return {k: {**v, "sessionId": None} for k, v in outputs.items()}
+    assert strip(second.outputs) == strip(first.outputs)
+
+    # the stored run alone (conversation + events) gives the same requests and streams
+    from_store = fixtures_from_run(live.store, first.runId, tools=live.registry.tools)
+    for node, doc in recorder.files().items():
+        assert [c["input"] for c in from_store[node]["calls"]] == [c["input"] for c in doc["calls"]]
+        assert [c["events"] for c in from_store[node]["calls"]] == [c["events"] for c in doc["calls"]]
+    write_fixtures(from_store, tmp_path / "from-store")
+    third_kernel = kernel_with(MockQuery(tmp_path / "from-store"))
+    third = anyio.run(third_kernel.run, third_kernel.compile(FLOW), {})
+    assert strip(third.outputs) == strip(first.outputs)

@@ -1,0 +1,126 @@
+"""rerun (re-execution from a run's own recording) and fork (a new run from the snapshot after SEQ)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from kernel.api import Kernel
+from kernel.events import FlowResumed, FlowStart
+from kernel.store.sqlite import SqliteStore
+from kernel.testing.fixtures import MockQuery
+from kernel.testing.harness import run_flow
+from kernel.timetravel import create_fork, fork, rerun
+
+ROOT = Path(__file__).resolve().parent.parent
+REVIEW = ROOT / "flows" / "review-loop.json"
+
+
+def recorded_review(tmp_path: Path) -> tuple[Kernel, str]:
+    kernel = Kernel(SqliteStore(tmp_path / "runs.db"),
+                    services={"query_fn": MockQuery(ROOT / "fixtures" / "review-loop")})
+    snap = anyio.run(kernel.run, kernel.load_flow(REVIEW), {"feature": "CSV export"})
+    assert snap.status == "completed"
+    return kernel, snap.runId
+
+
+def edited_flow(kernel: Kernel, tmp_path: Path, change: Any) -> Any:
+    doc = json.loads(REVIEW.read_text())
+    change(doc)
+    return kernel.compile(doc, source=str(tmp_path / "review-loop.json"), base_dir=tmp_path)
+
+
+def test_rerun_of_an_unchanged_flow_matches(tmp_path: Path) -> None:
+    kernel, run_id = recorded_review(tmp_path)
+    report = anyio.run(rerun, kernel, run_id)
+    assert report.matches, report.describe()
+    assert "matches the recording" in report.describe()
+
+
+def test_rerun_reports_a_changed_prompt_with_node_call_and_path(tmp_path: Path) -> None:
+    kernel, run_id = recorded_review(tmp_path)
+
+    def change(doc: dict[str, Any]) -> None:
+        doc["nodes"][2]["input"]["prompt"] = "Review carefully: {{ coder.text }}"
+    report = anyio.run(lambda: rerun(kernel, run_id, flow=edited_flow(kernel, tmp_path, change)))
+    assert report.divergence is not None and report.divergence.kind == "request"
+    assert "node 'reviewer', call 0" in report.divergence.message
+    assert "messages[0].content" in report.divergence.message
+
+
+def test_rerun_reports_a_different_edge_decision(tmp_path: Path) -> None:
+    kernel, run_id = recorded_review(tmp_path)
+
+    def change(doc: dict[str, Any]) -> None:
+        doc["edges"][2]["when"] = "false"
+    report = anyio.run(lambda: rerun(kernel, run_id, flow=edited_flow(kernel, tmp_path, change)))
+    assert report.divergence is not None and report.divergence.kind == "event"
+    assert "reviewer->coder" in report.divergence.message
+    assert "edge:fire" in report.divergence.message and "edge:skip" in report.divergence.message
+
+
+def test_rerun_reports_a_node_the_recording_did_not_have(tmp_path: Path) -> None:
+    kernel, run_id = recorded_review(tmp_path)
+
+    def change(doc: dict[str, Any]) -> None:
+        doc["nodes"].append({"id": "extra", "type": "noop", "input": {}})
+    report = anyio.run(lambda: rerun(kernel, run_id, flow=edited_flow(kernel, tmp_path, change)))
+    assert report.divergence is not None and report.divergence.kind == "extra_event"
+    assert "extra: the re-execution has an extra event: node:start" in report.divergence.message
+
+
+def test_fork_starts_a_new_run_from_the_snapshot_after_seq(tmp_path: Path) -> None:
+    kernel, run_id = recorded_review(tmp_path)
+    events = kernel.events(run_id)
+    at = next(e.seq for e in events if e.type == "node:complete" and e.nodeId == "planner")
+    fork_id = create_fork(kernel, run_id, at)
+    record = kernel.store.get_run(fork_id)
+    assert (record.forkedFrom, record.forkedAt) == (run_id, at)
+    start = kernel.events(fork_id)[0]
+    assert isinstance(start, FlowStart) and start.forkedFrom == run_id and start.forkedAt == at
+    forked, source = kernel.snapshot(fork_id).outputs, kernel.snapshot(run_id, at=at).outputs
+    assert forked["planner"]["text"] == source["planner"]["text"]
+    assert forked["planner"]["sessionId"] == source["planner"]["sessionId"].replace(run_id[4:], fork_id[4:])
+    snap = anyio.run(lambda: kernel.execute(fork_id, first=[FlowResumed()]))
+    assert snap.status == "completed"
+    assert snap.outputs["reviewer"]["structuredOutput"] == kernel.snapshot(run_id).outputs["reviewer"]["structuredOutput"]
+    # the source is untouched and both stay inspectable
+    assert kernel.snapshot(run_id).seq == events[-1].seq
+
+
+def test_fork_mid_agent_continues_the_conversation_as_it_stood(tmp_path: Path) -> None:
+    kernel, run_id = recorded_review(tmp_path)
+    events = kernel.events(run_id)
+    at = next(e.seq for e in events if e.type == "agent:text:delta" and e.nodeId == "coder")
+    snap = anyio.run(lambda: fork(kernel, run_id, at))
+    assert snap.status == "completed", snap.error
+    assert snap.loopCounters == {"reviewer->coder": 1}
+
+
+def test_fork_with_changed_input_reruns_what_follows_with_it(tmp_path: Path) -> None:
+    kernel, run_id = recorded_review(tmp_path)
+    snap = anyio.run(lambda: fork(kernel, run_id, 1, input={"feature": "JSON export"}))
+    assert snap.status == "failed"  # the planner's prompt changed, so the recording no longer fits
+    assert "node 'planner', call 0" in (snap.error or "") and "JSON export" in (snap.error or "")
+    assert kernel.store.get_run(snap.runId).forkedFrom == run_id
+
+
+def test_harness_runs_report_messages_and_tool_calls() -> None:
+    result = run_flow(ROOT / "flows" / "research.json", {"question": "Which database should our desktop app use?"},
+                      fixtures=ROOT / "fixtures" / "research", replies=["Mostly record transactions."],
+                      registry=_research_registry())
+    assert result.status == "completed"
+    assert [c["toolName"] for c in result.tool_calls] == ["lookup_fact", "lookup_fact", "ask_human"]
+    assert result.outputs["report"]["answer"].startswith("Use SQLite")
+
+
+def _research_registry() -> Any:
+    from flows.plugins.research_tools import lookup_fact
+    from kernel.registry import default_registry
+
+    reg = default_registry().copy()
+    reg.add_tool("lookup_fact", lookup_fact)
+    return reg
