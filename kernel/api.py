@@ -19,6 +19,7 @@ from typing import Any
 
 import anyio
 
+from kernel.checkpoint import encode_checkpoint, load_checkpoint
 from kernel.commands import Command, CommandOutcome, judge_command
 from kernel.compiler import CompiledFlow, compile_flow, load_flow
 from kernel.errors import CommandRejectedError, InvalidInputError, RunBusyError, RunInputError, StoreError
@@ -28,7 +29,7 @@ from kernel.ids import new_run_id, now_ms
 from kernel.reducer import fold, initial_snapshot
 from kernel.registry import Registry, default_registry
 from kernel.runner import COMMAND_POLL_S, EventListener, RunExecution
-from kernel.snapshot import RunSnapshot, decode_snapshot, encode_snapshot
+from kernel.snapshot import RunSnapshot
 from kernel.store.base import RunRecord, Store
 from kernel.store.open import open_store
 
@@ -134,7 +135,8 @@ class Kernel:
                            parentRunId=parent_run_id, parentNodeRunId=parent_node_run_id,
                            flowSource=str(Path(flow.source).resolve()) if flow.base_dir else None)
         self.store.put_flow(flow.hash, flow.name, canonical_json(flow.document))
-        self.store.create_run(record, [(1, "flow:start", None, None, start.timestamp, body)], encode_snapshot(snap))
+        skeleton, blobs = encode_checkpoint(snap)
+        self.store.create_run(record, [(1, "flow:start", None, None, start.timestamp, body)], skeleton, blobs)
         self._flows[flow.hash] = flow
         return run_id
 
@@ -150,11 +152,10 @@ class Kernel:
     def snapshot(self, run_id: str, at: int | None = None) -> RunSnapshot:
         """The run's snapshot now, or as it was right after event ``at``."""
         flow = self.flow_of(run_id)
-        checkpoint = self.store.read_checkpoint(run_id, at_most=at)
+        checkpoint = load_checkpoint(self.store, run_id, at_most=at)
         if checkpoint is None:
             return fold(flow, self.events(run_id, until=at))
-        seq, body = checkpoint
-        snap = decode_snapshot(body)
+        seq, snap = checkpoint
         return fold(flow, self.events(run_id, after=seq, until=at), snap)
 
     def events(self, run_id: str, after: int = 0, until: int | None = None) -> list[Event]:
@@ -382,7 +383,8 @@ class Kernel:
             ev = decode(body)
             snap, _ = apply(flow, snap, ev)
             rows.append((ev.seq, ev.type, ev.nodeId, ev.runId, ev.timestamp, body))
-        self.store.commit(snap.runId, rows, snap.status, snap.seq, snap.error, encode_snapshot(snap))
+        skeleton, blobs = encode_checkpoint(snap)
+        self.store.commit(snap.runId, rows, snap.status, snap.seq, snap.error, skeleton, blobs)
         return snap
 
     async def _via_store(self, run_id: str, cmd: Command, timeout_s: float) -> CommandOutcome:

@@ -22,6 +22,7 @@ import msgspec
 from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
+from kernel.checkpoint import encode_checkpoint
 from kernel.commands import Command, CommandOutcome, judge_command
 from kernel.compiler import CompiledFlow
 from kernel.errors import FlowkernelError, NodeFailure, StoreError
@@ -43,7 +44,7 @@ from kernel.node import Interrupted, NodeContext, WaitFor
 from kernel.reducer import ALL, apply
 from kernel.registry import Registry
 from kernel.scheduling import decide
-from kernel.snapshot import InboxMessage, RunSnapshot, encode_snapshot
+from kernel.snapshot import InboxMessage, RunSnapshot
 from kernel.store.base import EventRow, Store
 
 EventListener = Callable[[BaseEvent], None]
@@ -349,14 +350,16 @@ class RunExecution:
             return
         checkpoint = None
         stopped = self.snap.status != "running"
+        blobs: dict[str, bytes] | None = None
         if stopped or self._bytes_since_checkpoint >= max(self._checkpoint_size, CHECKPOINT_MIN_BYTES):
-            checkpoint = encode_snapshot(self.snap)
+            checkpoint, blobs = encode_checkpoint(self.snap)
             self._checkpoint_size = len(checkpoint)
             self._bytes_since_checkpoint = 0
         rows, applied, waiters = self._rows, self._applied, self._waiters
         self._rows, self._applied, self._waiters = [], [], []
         try:
-            self.store.commit(self.snap.runId, rows, self.snap.status, self.snap.seq, self.snap.error, checkpoint)
+            self.store.commit(self.snap.runId, rows, self.snap.status, self.snap.seq, self.snap.error, checkpoint,
+                              blobs)
             for cid, seq in self._finished_commands:
                 self.store.finish_command(cid, seq)
             self._finished_commands = []

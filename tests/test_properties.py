@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 from msgspec.structs import replace
 
 from kernel.api import Kernel
+from kernel.checkpoint import load_checkpoint
 from kernel.compiler import CompiledFlow, compile_flow
 from kernel.events import (
     BaseEvent,
@@ -44,7 +45,7 @@ from kernel.events import (
 from kernel.reducer import fold, initial_snapshot
 from kernel.registry import Registry, default_registry
 from kernel.scheduling import decide
-from kernel.snapshot import ForEachState, RunSnapshot, decode_snapshot
+from kernel.snapshot import ForEachState, RunSnapshot
 from kernel.store.memory import MemoryStore
 from kernel.store.sqlite import SqliteStore
 from tests.plugins.crashy import check, check_later
@@ -168,10 +169,9 @@ def _execute(case: Case) -> Outcome:
                     return await kernel.run(flow, case.input)
 
             final = anyio.run(run)
-            checkpoint = store.read_checkpoint(final.runId)
+            checkpoint = load_checkpoint(store, final.runId)
             assert checkpoint is not None, "a stopped run has a checkpoint"
-            return Outcome(flow, final, list(kernel.events(final.runId)), checkpoint[0],
-                           decode_snapshot(checkpoint[1]))
+            return Outcome(flow, final, list(kernel.events(final.runId)), checkpoint[0], checkpoint[1])
         finally:
             kernel.close()
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from msgspec.structs import replace
@@ -25,6 +25,7 @@ class MemoryStore:
         self._commands: dict[int, tuple[CommandRow, int | None]] = {}
         self._ids = itertools.count(1)
         self._version = 0
+        self._blobs: dict[str, bytes] = {}
         self._messages: list[dict[str, Any]] = []
         self._tool_calls: list[dict[str, Any]] = []
 
@@ -37,8 +38,10 @@ class MemoryStore:
         except KeyError:
             raise StoreError(f"flow {flow_hash} is not in the store") from None
 
-    def create_run(self, record: RunRecord, events: Sequence[EventRow], checkpoint: bytes) -> None:
+    def create_run(self, record: RunRecord, events: Sequence[EventRow], checkpoint: bytes,
+                   blobs: Mapping[str, bytes] | None = None) -> None:
         with self._lock:
+            self._blobs.update(blobs or {})
             if record.runId in self._runs:
                 raise StoreError(f"run {record.runId} already exists")
             self._runs[record.runId] = record
@@ -58,8 +61,9 @@ class MemoryStore:
         return sorted(runs, key=lambda r: (r.createdAt, r.runId), reverse=True)[:limit]
 
     def commit(self, run_id: str, events: Sequence[EventRow], status: str, seq: int, error: str | None,
-               checkpoint: bytes | None) -> None:
+               checkpoint: bytes | None, blobs: Mapping[str, bytes] | None = None) -> None:
         with self._lock:
+            self._blobs.update(blobs or {})
             log = self._events[run_id]
             if events and events[0][0] != len(log) + 1:
                 raise StoreError(f"run {run_id}: seq {events[0][0]} does not follow {len(log)}")
@@ -73,6 +77,9 @@ class MemoryStore:
         self.get_run(run_id)
         log = self._events[run_id]
         return log[after:until]
+
+    def read_blobs(self, keys: Iterable[str]) -> dict[str, bytes]:
+        return {k: self._blobs[k] for k in keys if k in self._blobs}
 
     def read_checkpoint(self, run_id: str, at_most: int | None = None) -> tuple[int, bytes] | None:
         for seq, body in reversed(self._checkpoints.get(run_id, [])):

@@ -9,7 +9,7 @@ import json
 import os
 import sqlite3
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -18,7 +18,7 @@ from kernel.errors import StoreError, UnknownRunError
 from kernel.ids import now_ms
 from kernel.store.base import CommandRow, EventRow, RunRecord
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: content-addressed checkpoint blobs
 
 SCHEMA = [
     """CREATE TABLE IF NOT EXISTS flows (
@@ -35,6 +35,7 @@ SCHEMA = [
         ts BIGINT NOT NULL, body TEXT NOT NULL, PRIMARY KEY (run_id, seq))""",
     """CREATE TABLE IF NOT EXISTS checkpoints (
         run_id TEXT NOT NULL, seq BIGINT NOT NULL, body TEXT NOT NULL, PRIMARY KEY (run_id, seq))""",
+    """CREATE TABLE IF NOT EXISTS blobs (key TEXT PRIMARY KEY, body TEXT NOT NULL)""",
     """CREATE TABLE IF NOT EXISTS commands (
         id INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT NOT NULL, body TEXT NOT NULL,
         created_at BIGINT NOT NULL, taken_seq BIGINT)""",
@@ -160,7 +161,8 @@ class SqliteStore:
             raise StoreError(f"{self.path}: flow {flow_hash} is missing")
         return str(rows[0][0])
 
-    def create_run(self, record: RunRecord, events: Sequence[EventRow], checkpoint: bytes) -> None:
+    def create_run(self, record: RunRecord, events: Sequence[EventRow], checkpoint: bytes,
+                   blobs: Mapping[str, bytes] | None = None) -> None:
         try:
             with self._tx() as db:
                 db.execute(
@@ -170,10 +172,28 @@ class SqliteStore:
                      record.parentRunId, record.parentNodeRunId, record.forkedFrom, record.forkedAt,
                      record.flowSource, record.leaseOwner, record.leaseExpiresAt))
                 self._insert_events(db, record.runId, events)
+                self._insert_blobs(db, blobs)
                 db.execute("INSERT INTO checkpoints (run_id, seq, body) VALUES (?, ?, ?)",
                            (record.runId, record.seq, checkpoint.decode()))
         except sqlite3.Error as exc:
             raise self._error(exc) from None
+
+    @staticmethod
+    def _insert_blobs(db: sqlite3.Connection, blobs: Mapping[str, bytes] | None) -> None:
+        # Content-addressed: a blob that exists already is the same bytes; writing it again changes nothing.
+        if blobs:
+            db.executemany("INSERT INTO blobs (key, body) VALUES (?, ?) ON CONFLICT (key) DO NOTHING",
+                           [(k, v.decode()) for k, v in blobs.items()])
+
+    def read_blobs(self, keys: Iterable[str]) -> dict[str, bytes]:
+        wanted = list(keys)
+        found: dict[str, bytes] = {}
+        for i in range(0, len(wanted), 500):
+            part = wanted[i:i + 500]
+            marks = ", ".join("?" * len(part))
+            for key, body in self._query(f"SELECT key, body FROM blobs WHERE key IN ({marks})", part):
+                found[key] = body.encode()
+        return found
 
     @staticmethod
     def _insert_events(db: sqlite3.Connection, run_id: str, events: Sequence[EventRow]) -> None:
@@ -203,13 +223,14 @@ class SqliteStore:
     # -- the log ----------------------------------------------------------------------------
 
     def commit(self, run_id: str, events: Sequence[EventRow], status: str, seq: int, error: str | None,
-               checkpoint: bytes | None) -> None:
+               checkpoint: bytes | None, blobs: Mapping[str, bytes] | None = None) -> None:
         try:
             with self._tx() as db:
                 self._insert_events(db, run_id, events)
                 if self._known_status.get(run_id) != (status, error):
                     db.execute("UPDATE runs SET status = ?, seq = ?, error = ?, updated_at = ? WHERE run_id = ?",
                                (status, seq, error, now_ms(), run_id))
+                self._insert_blobs(db, blobs)
                 if checkpoint is not None:
                     # Compaction: the newest checkpoint replaces the older ones.
                     db.execute("DELETE FROM checkpoints WHERE run_id = ?", (run_id,))

@@ -10,10 +10,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from kernel.checkpoint import load_checkpoint
 from kernel.compiler import compile_flow
 from kernel.events import decode
 from kernel.reducer import fold
-from kernel.snapshot import decode_snapshot
 from kernel.store.base import Store
 
 
@@ -27,11 +27,10 @@ class _AnyType:
 def audit_run(store: Store, run_id: str) -> None:
     """Raise AssertionError if the run's events do not fold into its latest stored checkpoint."""
     record = store.get_run(run_id)
-    checkpoint = store.read_checkpoint(run_id)
+    checkpoint = load_checkpoint(store, run_id)
     if checkpoint is None:
         return
-    cp_seq, body = checkpoint
-    stored = decode_snapshot(body)
+    cp_seq, stored = checkpoint
     flow = compile_flow(json.loads(store.get_flow(record.flowHash)), source=f"<audit {run_id}>",
                         node_types=_AnyType())
     events = [decode(b) for b in store.read_events(run_id, until=cp_seq)]

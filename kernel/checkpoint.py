@@ -1,0 +1,133 @@
+"""Checkpoints that cost what changed: the snapshot as a small skeleton plus content-addressed blobs.
+
+Large values in ``state`` and ``outputs`` are stored once under the hash of their encoding; long
+lists are cut into fixed-size chunks, so appending to a list rewrites only its last chunk. A new
+checkpoint therefore writes the skeleton and the blobs that did not exist yet: an output written
+once is never written again, and a growing list costs its growth, not its size.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from kernel.snapshot import RunSnapshot
+
+if TYPE_CHECKING:
+    from kernel.store.base import Store
+
+CHUNK = 64  # list items per chunk
+INLINE_BYTES = 512  # values smaller than this stay in the skeleton
+
+_encoder = msgspec.json.Encoder(order="deterministic")
+_MARKERS = ("$blob", "$chunks", "$lit")
+
+
+def _key(body: bytes) -> str:
+    return hashlib.sha256(body).hexdigest()[:32]
+
+
+class _Packer:
+    def __init__(self) -> None:
+        self.blobs: dict[str, bytes] = {}
+
+    def blob(self, value: Any) -> dict[str, Any]:
+        body = _encoder.encode(value)
+        key = _key(body)
+        self.blobs[key] = body
+        return {"$blob": key}
+
+    def pack(self, value: Any) -> Any:
+        if isinstance(value, list):
+            if len(value) > CHUNK:
+                chunks = [self.pack(value[i:i + CHUNK]) for i in range(0, len(value), CHUNK)]
+                return {"$chunks": [c["$blob"] if isinstance(c, dict) and "$blob" in c else self.blob(c)["$blob"]
+                                    for c in chunks]}
+            packed: Any = [self.pack(v) for v in value]
+        elif isinstance(value, dict):
+            packed = {k: self.pack(v) for k, v in value.items()}
+            if len(value) == 1 and next(iter(value)) in _MARKERS:
+                packed = {"$lit": packed}
+        elif isinstance(value, str) and len(value) >= INLINE_BYTES:
+            return self.blob(value)
+        else:
+            return value
+        if len(_encoder.encode(packed)) >= INLINE_BYTES:
+            return self.blob(packed)
+        return packed
+
+
+def encode_checkpoint(snapshot: RunSnapshot) -> tuple[bytes, dict[str, bytes]]:
+    """The skeleton to store and the blobs it refers to (store them idempotently, by key)."""
+    data = msgspec.to_builtins(snapshot)
+    packer = _Packer()
+    data["state"] = {k: packer.pack(v) for k, v in data["state"].items()}
+    data["outputs"] = {k: packer.pack(v) for k, v in data["outputs"].items()}
+    return _encoder.encode(data), packer.blobs
+
+
+def decode_checkpoint(skeleton: bytes, fetch: Callable[[Iterable[str]], Mapping[str, bytes]]) -> RunSnapshot:
+    """Rebuild a snapshot from its skeleton, fetching the blobs it refers to."""
+    data = msgspec.json.decode(skeleton)
+    cache: dict[str, Any] = {}
+
+    def refs(value: Any, out: set[str]) -> None:
+        if isinstance(value, dict):
+            if set(value) == {"$blob"}:
+                out.add(value["$blob"])
+            elif set(value) == {"$chunks"}:
+                out.update(value["$chunks"])
+            elif set(value) == {"$lit"}:
+                for v in value["$lit"].values():
+                    refs(v, out)
+            else:
+                for v in value.values():
+                    refs(v, out)
+        elif isinstance(value, list):
+            for v in value:
+                refs(v, out)
+
+    def load(keys: set[str]) -> None:
+        while keys:
+            got = fetch(sorted(keys))
+            missing = keys - set(got)
+            if missing:
+                raise KeyError(f"checkpoint blobs missing from the store: {sorted(missing)[:3]}")
+            nested: set[str] = set()
+            for k, body in got.items():
+                cache[k] = msgspec.json.decode(body)
+                refs(cache[k], nested)
+            keys = nested - set(cache)
+
+    def unpack(value: Any) -> Any:
+        if isinstance(value, dict):
+            if set(value) == {"$blob"}:
+                return unpack(cache[value["$blob"]])
+            if set(value) == {"$chunks"}:
+                return [item for key in value["$chunks"] for item in unpack(cache[key])]
+            if set(value) == {"$lit"}:
+                return {k: unpack(v) for k, v in value["$lit"].items()}
+            return {k: unpack(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [unpack(v) for v in value]
+        return value
+
+    wanted: set[str] = set()
+    refs(data["state"], wanted)
+    refs(data["outputs"], wanted)
+    load(wanted)
+    data["state"] = unpack(data["state"])
+    data["outputs"] = unpack(data["outputs"])
+    return msgspec.convert(data, RunSnapshot)
+
+
+def load_checkpoint(store: Store, run_id: str, at_most: int | None = None) -> tuple[int, RunSnapshot] | None:
+    """The newest stored checkpoint of a run (at or before ``at_most``), blobs resolved."""
+    found = store.read_checkpoint(run_id, at_most=at_most)
+    if found is None:
+        return None
+    seq, skeleton = found
+    return seq, decode_checkpoint(skeleton, store.read_blobs)
