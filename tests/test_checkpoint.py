@@ -32,7 +32,7 @@ def test_round_trip_keeps_every_value_including_ones_that_look_like_markers() ->
 
 def test_appending_to_a_long_list_writes_only_its_last_chunk() -> None:
     items = [f"entry {i} " + "z" * 90 for i in range(20 * CHUNK + 5)]
-    before_skeleton, before = encode_checkpoint(snapshot({"items": items}, {"out": "o" * 10_000}))
+    _, before = encode_checkpoint(snapshot({"items": items}, {"out": "o" * 10_000}))
     after_skeleton, after = encode_checkpoint(snapshot({"items": [*items, "one more"]}, {"out": "o" * 10_000}))
     new = {k: v for k, v in after.items() if k not in before}
     assert len(new) == 1  # the last chunk; the output and 20 full chunks are already stored
