@@ -15,7 +15,7 @@ import socket
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
@@ -31,6 +31,9 @@ from kernel.registry import Registry, default_registry
 from kernel.runner import COMMAND_POLL_S, EventListener, RunExecution
 from kernel.snapshot import RunSnapshot
 from kernel.store.base import RunRecord, Store
+
+if TYPE_CHECKING:
+    from kernel.history import Page
 from kernel.store.open import open_store
 
 LEASE_TTL_MS = 15_000
@@ -164,20 +167,38 @@ class Kernel:
     def runs(self, status: str | None = None, parent: str | None = None, limit: int = 1000) -> list[RunRecord]:
         return self.store.list_runs(status=status, parent=parent, limit=limit)
 
+    def messages(self, *, run_id: str | None = None, flow_run_id: str | None = None,
+                 session_id: str | None = None, after: int = 0, limit: int = 100) -> Page:
+        """A page of stored agent messages (of a node run, a run or a session); pass
+        ``nextCursor`` back as ``after`` for the next page."""
+        from kernel.history import list_messages
+
+        return list_messages(self.store, run_id=run_id, flow_run_id=flow_run_id, session_id=session_id,
+                             after=after, limit=limit)
+
+    def tool_calls(self, *, run_id: str | None = None, flow_run_id: str | None = None,
+                   session_id: str | None = None, tool_name: str | None = None, status: str | None = None,
+                   after: int = 0, limit: int = 100) -> Page:
+        """A page of stored tool calls, filtered by tool name and status (``completed`` | ``error``)."""
+        from kernel.history import list_tool_calls
+
+        return list_tool_calls(self.store, run_id=run_id, flow_run_id=flow_run_id, session_id=session_id,
+                               tool_name=tool_name, status=status, after=after, limit=limit)
+
     async def follow(self, run_id: str, after: int = 0, poll_s: float = COMMAND_POLL_S) -> AsyncIterator[Event]:
-        """Yield the run's events as they are stored, until the run stops."""
+        """Yield the run's events as they are stored (from ``after``), until the run stops running."""
         seq = after
-        token = None
         while True:
+            stopped = self.store.get_run(run_id).status != "running"
+            # Read after the status: the commit that stops a run carries its last events.
             batch = self.events(run_id, after=seq)
             for ev in batch:
                 seq = ev.seq
                 yield ev
-            if not batch and self.store.get_run(run_id).status not in ("running",):
+            if stopped:
                 return
-            while token == (token := self.store.change_token()) and not batch:
+            if not batch:
                 await anyio.sleep(poll_s)
-                break
 
     # -- executing --------------------------------------------------------------------------
 

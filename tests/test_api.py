@@ -1,0 +1,68 @@
+"""The Python API for embedding: load, run, follow events live, inspect."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+import tests.plugins.waiters  # noqa: F401  (registers await_message)
+from kernel.api import Kernel
+from kernel.commands import Command
+from kernel.events import BaseEvent
+from kernel.store.sqlite import SqliteStore
+from tests.helpers import flow, py, registry
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_follow_yields_events_live_from_another_kernel_until_the_run_stops(tmp_path: Path) -> None:
+    runner = Kernel(SqliteStore(tmp_path / "runs.db"), registry=registry())
+    watcher = Kernel(SqliteStore(tmp_path / "runs.db"), registry=registry())
+    run_id = runner.create_run(runner.compile(flow([py("wait", "await_message"), {"id": "after", "type": "noop"}],
+                                                   [{"from": "wait", "to": "after"}])), {})
+    seen: list[BaseEvent] = []
+
+    async def main() -> None:
+        with anyio.fail_after(20):
+            await both()
+
+    async def both() -> None:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(runner.execute, run_id)
+
+            async def watch() -> None:
+                async for ev in watcher.follow(run_id):
+                    seen.append(ev)
+                    if ev.type == "node:start" and ev.nodeId == "wait":
+                        await watcher.command(run_id, Command(kind="send", target=ev.runId, content="go"))
+
+            tg.start_soon(watch)
+
+    anyio.run(main)
+    assert [e.seq for e in seen] == list(range(1, len(seen) + 1))
+    assert seen[-1].type == "flow:complete"
+    assert [e.seq for e in seen] == [e.seq for e in runner.events(run_id)]
+
+
+def test_on_event_sees_every_stored_event_in_order(tmp_path: Path) -> None:
+    kernel = Kernel(SqliteStore(tmp_path / "runs.db"))
+    live: list[Any] = []
+    snap = anyio.run(lambda: kernel.run(kernel.load_flow(ROOT / "flows" / "hello.json"), {"name": "Lin"},
+                                        on_event=live.append))
+    assert snap.status == "completed"
+    assert [e.seq for e in live] == [e.seq for e in kernel.events(snap.runId)]
+
+
+def test_runs_lists_by_status_and_snapshot_at_a_past_seq(tmp_path: Path) -> None:
+    kernel = Kernel(SqliteStore(tmp_path / "runs.db"))
+    hello = kernel.load_flow(ROOT / "flows" / "hello.json")
+    done = anyio.run(kernel.run, hello, {"name": "Bo"})
+    pending = kernel.create_run(hello, {"name": "Cy"})
+    assert [r.runId for r in kernel.runs(status="completed")] == [done.runId]
+    assert [r.runId for r in kernel.runs(status="running")] == [pending]
+    record = kernel.store.get_run(done.runId)
+    assert record.seq == done.seq
+    early = kernel.snapshot(done.runId, at=3)
+    assert early.seq == 3 and early.status == "running"
