@@ -1,0 +1,57 @@
+"""Installed packages register through entry points; nothing is imported before it is needed."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from importlib.metadata import EntryPoint
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import kernel.registry as registry_module
+from kernel.registry import Registry
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_entry_points_register_functions_node_types_and_tools_on_first_lookup(monkeypatch: pytest.MonkeyPatch) -> None:
+    groups = {
+        "flowkernel.functions": [EntryPoint("loud", "tests.plugins.extras:shout", "flowkernel.functions")],
+        "flowkernel.nodes": [EntryPoint("text.reverse", "tests.plugins.extras:Reverse", "flowkernel.nodes")],
+        "flowkernel.tools": [EntryPoint("loud_tool", "tests.plugins.extras:shout", "flowkernel.tools")],
+    }
+    asked: list[str] = []
+
+    def fake_entry_points(group: str) -> list[EntryPoint]:
+        asked.append(group)
+        return groups.get(group, [])
+
+    monkeypatch.setattr(registry_module, "entry_points", fake_entry_points)
+    reg = Registry()
+    assert asked == []  # nothing scanned yet
+    assert reg.functions.get("loud") is not None and reg.functions["loud"]("x") == "X!"
+    assert "text.reverse" in reg.node_types and reg.node_types["text.reverse"].name == "text.reverse"
+    assert "loud_tool" in reg.tools
+    assert sorted(asked) == sorted(groups)  # scanned once, on the first miss
+
+
+def test_a_broken_entry_point_is_skipped_with_a_message(monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    def fake_entry_points(group: str) -> list[Any]:
+        return [EntryPoint("bad", "no_such_module:thing", group)] if group == "flowkernel.functions" else []
+
+    monkeypatch.setattr(registry_module, "entry_points", fake_entry_points)
+    reg = Registry()
+    assert reg.functions.get("bad") is None
+    assert "skipping entry point flowkernel.functions:bad" in capsys.readouterr().err
+
+
+def test_importing_the_api_and_resuming_needs_neither_the_sdk_nor_validation_libraries() -> None:
+    code = ("import sys, kernel.api, kernel.store.sqlite, kernel.cli\n"
+            "heavy = [m for m in ('anthropic', 'networkx', 'pydantic', 'jsonschema') if m in sys.modules]\n"
+            "print(','.join(heavy))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == ""
