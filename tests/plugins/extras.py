@@ -9,7 +9,6 @@ from kernel.node import NodeContext
 from kernel.registry import register_function, register_node_type
 
 
-
 @register_function("shout")
 def shout(text: str) -> str:
     return text.upper() + "!"
