@@ -28,11 +28,14 @@ from kernel.compiler import CompiledFlow
 from kernel.errors import FlowkernelError, NodeFailure, StoreError
 from kernel.events import (
     BaseEvent,
+    EdgeFire,
+    EdgeSkip,
     FlowComplete,
     FlowPaused,
     LoopIterate,
     NodeComplete,
     NodeError,
+    NodeSkipped,
     NodeStart,
     NodeWaiting,
     StatePatch,
@@ -112,6 +115,9 @@ class RunExecution:
         self._pause = False
         self._pause_event = anyio.Event()
         self._yielded = time.monotonic()
+        self._finished_at: dict[str, int] = {}  # node -> seq of its last finish (for ``cause``)
+        self._decided_at: dict[str, int] = {}  # edge -> seq of its last decision
+        self._reset_at: dict[str, int] = {}  # node -> seq of the loop:iterate that last reset it
         self.stop_reason: str | None = None
         self._tg: TaskGroup | None = None
 
@@ -292,6 +298,14 @@ class RunExecution:
             self._cancel_nodes(self.flow.reset_sets[event.edgeId])
         if isinstance(event, NodeComplete | NodeWaiting) or (isinstance(event, NodeError) and not event.willRetry):
             self._active.pop(self._active_key(event), None)
+        if isinstance(event, NodeComplete | NodeSkipped) or (isinstance(event, NodeError) and not event.willRetry):
+            if event.item is None:
+                self._finished_at[event.nodeId or ""] = event.seq
+        elif isinstance(event, EdgeFire | EdgeSkip):
+            self._decided_at[event.edgeId] = event.seq
+        elif isinstance(event, LoopIterate):
+            for n in self.flow.reset_sets[event.edgeId]:
+                self._reset_at[n] = event.seq
         self._rows.append((event.seq, event.type, event.nodeId, event.runId, event.timestamp, body))
         self._applied.append(event)
         self._bytes_since_checkpoint += len(body)
@@ -305,6 +319,8 @@ class RunExecution:
                 break
             starts: list[NodeStart] = []
             for draft in decision.drafts:
+                if draft.cause is None:
+                    draft.cause = self._cause_of(draft)
                 if isinstance(draft, NodeStart) and not draft.runId:
                     draft.runId = new_node_run_id()
                     starts.append(draft)
@@ -327,6 +343,21 @@ class RunExecution:
                 scope = anyio.CancelScope()
                 self._active[self._active_key(s)] = scope
                 self._tg.start_soon(self._run_node, s, scope)
+
+    def _cause_of(self, draft: BaseEvent) -> int:
+        """The event that made the rules decide ``draft``: an edge decision is caused by its source
+        finishing; a start or skip by the last decision on the node's incoming edges."""
+        edge = getattr(draft, "edgeId", None)
+        if edge is not None:
+            return self._finished_at.get(self.flow.edges[edge].source, self.snap.seq)
+        node = draft.nodeId
+        if node is not None and node in self.flow.nodes:
+            seqs = [self._decided_at[e] for e in self.flow.incoming[node] if e in self._decided_at]
+            if node in self._reset_at:
+                seqs.append(self._reset_at[node])
+            if getattr(draft, "item", None) is None and seqs:
+                return max(seqs)
+        return self.snap.seq
 
     def _inline(self, s: NodeStart) -> bool:
         """Node runs that complete synchronously (no timeout, no retry) run in the shell's own task."""
@@ -373,8 +404,13 @@ class RunExecution:
         for w in waiters:
             w.done.set()
         for ev in applied:
-            for listener in self._listeners:
-                listener(ev)
+            for listener in list(self._listeners):
+                try:
+                    listener(ev)
+                except Exception as exc:
+                    # Watching a run must never break it: drop the listener and say so once.
+                    self._listeners.remove(listener)
+                    print(f"flowkernel: stopped showing events of run {self.snap.runId}: {exc!r}", file=sys.stderr)
 
     async def _end_grace(self) -> None:
         """Cooperative nodes get a grace period to finish their step on pause; then they are cancelled."""
