@@ -114,3 +114,14 @@ def test_schema_is_generated_from_the_models_and_validates_the_examples() -> Non
 def test_example_flows_validate() -> None:
     for path in sorted((ROOT / "flows").glob("*.json")):
         load_flow(path)
+
+
+def test_a_yaml_flow_file_is_accepted(tmp_path: Path) -> None:
+    path = tmp_path / "hi.yaml"
+    path.write_text("name: hi\nnodes:\n  - id: a\n    type: transform\n    input: {expr: \"1 + 1\"}\n")
+    flow = load_flow(path)
+    assert flow.name == "hi" and list(flow.nodes) == ["a"]
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: [unclosed\n")
+    with pytest.raises(FlowFileError, match="not valid YAML"):
+        load_flow(bad)
