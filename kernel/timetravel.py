@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from kernel.checkpoint import encode_checkpoint
 from kernel.errors import InvalidInputError
 from kernel.events import (
     AgentStart,
@@ -38,7 +39,7 @@ from kernel.events import (
 )
 from kernel.ids import new_run_id, now_ms
 from kernel.reducer import fold
-from kernel.snapshot import RunSnapshot, encode_snapshot
+from kernel.snapshot import RunSnapshot
 from kernel.store.base import EventRow, RunRecord
 
 if TYPE_CHECKING:
@@ -253,7 +254,8 @@ def create_fork(kernel: Kernel, run_id: str, at: int, *, input: dict[str, Any] |
     fork_record = RunRecord(runId=fork_id, flowName=record.flowName, flowHash=record.flowHash, status=snap.status,
                             seq=snap.seq, input=value, createdAt=start.timestamp, updatedAt=start.timestamp,
                             error=snap.error, forkedFrom=run_id, forkedAt=at, flowSource=record.flowSource)
-    kernel.store.create_run(fork_record, rows, encode_snapshot(snap))
+    skeleton, blobs = encode_checkpoint(snap)
+    kernel.store.create_run(fork_record, rows, skeleton, blobs)
     _copy_conversations(kernel, run_id, fork_id, finished, cutoff, {e.runId for e in copied
                                                                     if isinstance(e, AgentStart) and e.runId})
     return fork_id
