@@ -51,9 +51,16 @@ def _parser() -> argparse.ArgumentParser:
     db(sp)
     js(sp)
 
-    sp = sub.add_parser("show", help="show a run's snapshot")
+    sp = sub.add_parser("show", help="show a run's snapshot, or its agents' messages and tool calls")
     sp.add_argument("run")
     sp.add_argument("--at", type=int, metavar="SEQ", help="the snapshot as it was after event SEQ")
+    sp.add_argument("--messages", action="store_true", help="list the stored agent messages")
+    sp.add_argument("--tool-calls", action="store_true", help="list the stored tool calls")
+    sp.add_argument("--node-run", metavar="NODE_RUN_ID", help="only this node run's (nr_…)")
+    sp.add_argument("--tool", metavar="NAME", help="tool calls of this tool only")
+    sp.add_argument("--tool-status", choices=["completed", "error"], help="tool calls with this status only")
+    sp.add_argument("--after", type=int, default=0, metavar="CURSOR", help="the page after this cursor")
+    sp.add_argument("--limit", type=int, default=50, help="rows per page (default 50)")
     db(sp)
     js(sp)
 
@@ -169,12 +176,28 @@ def _printer(args: argparse.Namespace) -> Any:
         from kernel.events import encode
 
         def emit(ev: BaseEvent) -> None:
-            sys.stdout.write(encode(ev).decode() + "\n")
-            sys.stdout.flush()
+            try:
+                sys.stdout.write(encode(ev).decode() + "\n")
+                sys.stdout.flush()
+            except BrokenPipeError:
+                _stdout_closed()
         return emit
     from kernel.render import LiveView
 
-    return LiveView(sys.stdout)
+    view = LiveView(sys.stdout)
+
+    def show(ev: BaseEvent) -> None:
+        try:
+            view(ev)
+        except BrokenPipeError:
+            _stdout_closed()
+    return show
+
+
+def _stdout_closed() -> None:
+    """The reader went away (``| head``): stop printing, keep the run going, exit quietly."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
 
 
 def _exit_for(snap: RunSnapshot, run_id: str) -> int:
@@ -255,9 +278,46 @@ def cmd_runs(args: argparse.Namespace) -> int:
         kernel.close()
 
 
+def _show_history(kernel: Kernel, args: argparse.Namespace) -> int:
+    """``show --messages`` / ``--tool-calls``: one page, with the cursor for the next."""
+    import json
+
+    kernel.store.get_run(args.run)
+    scope: dict[str, Any] = {"run_id": args.node_run} if args.node_run else {"flow_run_id": args.run}
+    if args.messages:
+        page = kernel.messages(**scope, after=args.after, limit=args.limit)
+    else:
+        page = kernel.tool_calls(**scope, tool_name=args.tool, status=args.tool_status, after=args.after,
+                                 limit=args.limit)
+    if args.json:
+        for item in page["items"]:
+            print(json.dumps(item, ensure_ascii=False))
+    elif not page["items"]:
+        print("no messages" if args.messages else "no tool calls")
+    elif args.messages:
+        from kernel.render import preview
+
+        for m in page["items"]:
+            print(f"#{m['id']:<5} step {m['step']:<3} {m['role']:<9} {m['nodeId']:<16} {m['runId']}")
+            print(f"       {preview(m['content'], 110)}")
+    else:
+        from kernel.render import preview
+
+        for c in page["items"]:
+            print(f"#{c['id']:<5} step {c['step']:<3} {c['toolName']:<16} {c['status']:<9} "
+                  f"{c.get('durationMs') or 0:>6} ms  {c['runId']}")
+            print(f"       in  {preview(c.get('input'), 100)}\n       out {preview(c.get('output'), 100)}")
+    if page["nextCursor"] is not None:
+        more = "--messages" if args.messages else "--tool-calls"
+        print(f"flowkernel: more: flowkernel show {args.run} {more} --after {page['nextCursor']}", file=sys.stderr)
+    return EXIT_OK
+
+
 def cmd_show(args: argparse.Namespace) -> int:
     kernel = _kernel(args)
     try:
+        if args.messages or args.tool_calls:
+            return _show_history(kernel, args)
         record = kernel.store.get_run(args.run)
         snap = kernel.snapshot(args.run, at=args.at)
         children = kernel.runs(parent=args.run)
@@ -270,6 +330,10 @@ def cmd_show(args: argparse.Namespace) -> int:
             from kernel.render import show_snapshot
 
             show_snapshot(record, snap, sys.stdout)
+            if snap.agentSessions:
+                print("\nagents   (flowkernel show RUN --messages | --tool-calls [--node-run NR])")
+                for node, session in snap.agentSessions.items():
+                    print(f"  {node:<22} session {session}")
             if children:
                 print("\nchildren")
                 for c in children:

@@ -78,6 +78,23 @@ def test_research_agent_asks_the_human_then_answers(env: dict[str, str], tmp_pat
     again = flowkernel(env, db, "rerun", run_id)
     assert again.returncode == 0 and "matches" in again.stdout, again.stdout + again.stderr
 
+    # The stored conversation and tool calls, page by page and filtered, as `show` lists them.
+    tools = flowkernel(env, db, "show", run_id, "--tool-calls", "--json")
+    calls = [json.loads(line) for line in tools.stdout.splitlines()]
+    assert [c["toolName"] for c in calls] == ["lookup_fact", "lookup_fact", "ask_human"]
+    only = flowkernel(env, db, "show", run_id, "--tool-calls", "--tool", "ask_human", "--tool-status", "completed",
+                      "--json")
+    assert [json.loads(line)["output"] for line in only.stdout.splitlines()] == ["Mostly record transactions."]
+    first_page = flowkernel(env, db, "show", run_id, "--messages", "--limit", "2", "--json")
+    page = [json.loads(line) for line in first_page.stdout.splitlines()]
+    assert len(page) == 2 and page[0]["role"] in ("system", "user")
+    cursor = first_page.stderr.split("--after ")[1].split()[0]
+    rest = flowkernel(env, db, "show", run_id, "--messages", "--after", cursor, "--limit", "100", "--json")
+    later = [json.loads(line) for line in rest.stdout.splitlines()]
+    assert later and later[0]["id"] > page[-1]["id"] and later[-1]["role"] == "assistant"
+    readable = flowkernel(env, db, "show", run_id)
+    assert "agents" in readable.stdout and "session" in readable.stdout
+
 
 def test_a_reply_the_recording_did_not_have_is_reported_as_a_changed_prompt(env: dict[str, str],
                                                                             tmp_path: Path) -> None:
