@@ -33,8 +33,8 @@ from kernel.events import AgentComplete, AgentError, AgentStart, AgentTool
 from kernel.node import INTERRUPTED, Interrupted, NodeContext, WaitFor
 from kernel.pricing import Price, cost_usd, find_price, price_table
 from kernel.query import ModelMessage, QueryFn
-from kernel.tools import ASK_HUMAN, ASK_HUMAN_DEFINITION, Tool, as_tool, result_text, truncate
-from nodes.claude_config import AgentConfig, check_input, parse_config
+from kernel.tools import ASK_HUMAN, Tool, as_tool, result_text, truncate
+from nodes.claude_config import AgentConfig, build_request, check_input, parse_config
 from nodes.claude_transcript import Transcript, session_of_run
 
 USAGE_KEYS = ("inputTokens", "outputTokens", "cacheCreationInputTokens", "cacheReadInputTokens")
@@ -313,26 +313,7 @@ class _Execution:
             raise NodeFailure(message, "error_max_turns")
 
     def _request(self, transcript: Transcript) -> dict[str, Any]:
-        cfg = self.cfg
-        req: dict[str, Any] = {"model": cfg.model, "max_tokens": cfg.max_tokens,
-                               "messages": list(transcript.messages)}
-        system = cfg.system
-        if cfg.output_schema is not None:
-            instruction = ("When you give your final answer, reply with only a JSON value, no other text, "
-                           "that matches this JSON Schema:\n" + json.dumps(cfg.output_schema, sort_keys=True))
-            system = f"{system}\n\n{instruction}" if system else instruction
-        if system:
-            req["system"] = system
-        definitions = [t.definition() for t in self.tools.values()]
-        if ASK_HUMAN in cfg.tools:
-            definitions.append(ASK_HUMAN_DEFINITION)
-        if definitions:
-            req["tools"] = definitions
-        if cfg.temperature is not None:
-            req["temperature"] = cfg.temperature
-        if cfg.thinking_budget is not None:
-            req["thinking"] = {"type": "enabled", "budget_tokens": cfg.thinking_budget}
-        return req
+        return build_request(self.cfg, list(transcript.messages), [t.definition() for t in self.tools.values()])
 
     def _check_output(self, transcript: Transcript, content: list[dict[str, Any]], step: int) -> bool:
         """Validate the answer against ``outputSchema``; True if the model was asked to correct it."""

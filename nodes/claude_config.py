@@ -137,3 +137,30 @@ def parse_config(data: Any, node_id: str, services: dict[str, Any]) -> AgentConf
         tool_result_max_bytes=data.get("toolResultMaxBytes",
                                        services.get("tool_result_max_bytes", DEFAULT_TOOL_RESULT_MAX_BYTES)),
     )
+
+
+def build_request(cfg: AgentConfig, messages: list[dict[str, Any]],
+                  tool_definitions: list[dict[str, Any]]) -> dict[str, Any]:
+    """The Messages API request body for one model call (what a fixture's ``input`` records)."""
+    import json
+
+    from kernel.tools import ASK_HUMAN, ASK_HUMAN_DEFINITION
+
+    req: dict[str, Any] = {"model": cfg.model, "max_tokens": cfg.max_tokens, "messages": messages}
+    system = cfg.system
+    if cfg.output_schema is not None:
+        instruction = ("When you give your final answer, reply with only a JSON value, no other text, "
+                       "that matches this JSON Schema:\n" + json.dumps(cfg.output_schema, sort_keys=True))
+        system = f"{system}\n\n{instruction}" if system else instruction
+    if system:
+        req["system"] = system
+    definitions = list(tool_definitions)
+    if ASK_HUMAN in cfg.tools:
+        definitions.append(ASK_HUMAN_DEFINITION)
+    if definitions:
+        req["tools"] = definitions
+    if cfg.temperature is not None:
+        req["temperature"] = cfg.temperature
+    if cfg.thinking_budget is not None:
+        req["thinking"] = {"type": "enabled", "budget_tokens": cfg.thinking_budget}
+    return req

@@ -390,28 +390,12 @@ def write_fixtures(documents: dict[str, dict[str, Any]], directory: str | Path, 
 
 def _request_for(node_input: Any, node_id: str, messages: list[dict[str, Any]], tools: dict[str, Any]) -> dict[str, Any]:
     """The request ``claude.agent`` sends, rebuilt from its resolved input (mirrors ``_Execution._request``)."""
-    from kernel.tools import ASK_HUMAN, ASK_HUMAN_DEFINITION, as_tool
-    from nodes.claude_config import parse_config
+    from kernel.tools import ASK_HUMAN, as_tool
+    from nodes.claude_config import build_request, parse_config
 
     cfg = parse_config(node_input, node_id, {})
-    req: dict[str, Any] = {"model": cfg.model, "max_tokens": cfg.max_tokens, "messages": messages}
-    system = cfg.system
-    if cfg.output_schema is not None:
-        instruction = ("When you give your final answer, reply with only a JSON value, no other text, "
-                       "that matches this JSON Schema:\n" + json.dumps(cfg.output_schema, sort_keys=True))
-        system = f"{system}\n\n{instruction}" if system else instruction
-    if system:
-        req["system"] = system
     definitions = [as_tool(n, tools[n]).definition() for n in cfg.tools if n != ASK_HUMAN and n in tools]
-    if ASK_HUMAN in cfg.tools:
-        definitions.append(ASK_HUMAN_DEFINITION)
-    if definitions:
-        req["tools"] = definitions
-    if cfg.temperature is not None:
-        req["temperature"] = cfg.temperature
-    if cfg.thinking_budget is not None:
-        req["thinking"] = {"type": "enabled", "budget_tokens": cfg.thinking_budget}
-    return req
+    return build_request(cfg, messages, definitions)
 
 
 def _split_streams(events: list[dict[str, Any]], answers: list[list[dict[str, Any]]]) -> list[list[dict[str, Any]]]:
