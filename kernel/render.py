@@ -89,7 +89,9 @@ class LiveView:
                 label = "thinks" if "thinking" in t else "says"
                 self.out.write(f"{' ' * 9}{self._c('34', '│')} {node} {label}: ")
                 self._streaming = key
-            self.out.write(self._c("2", d["content"]) if "thinking" in t else d["content"])
+            # Continuation lines stay under the gutter so the stream reads as one block.
+            text = d["content"].replace("\n", "\n" + " " * 9 + self._c("34", "│") + "   ")
+            self.out.write(self._c("2", text) if "thinking" in t else text)
             self.out.flush()
         elif t in ("agent:text", "agent:thinking"):
             self._line(self._c("34", "│"), who, preview(d["content"], 80))
