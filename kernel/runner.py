@@ -384,7 +384,8 @@ class RunExecution:
         blobs: dict[str, bytes] | None = None
         if stopped or self._bytes_since_checkpoint >= max(self._checkpoint_size, CHECKPOINT_MIN_BYTES):
             checkpoint, blobs = encode_checkpoint(self.snap)
-            self._checkpoint_size = len(checkpoint)
+            # Space compactions by the snapshot's whole size, not the skeleton's: encoding walks it all.
+            self._checkpoint_size = len(checkpoint) + sum(len(b) for b in blobs.values())
             self._bytes_since_checkpoint = 0
         rows, applied, waiters = self._rows, self._applied, self._waiters
         self._rows, self._applied, self._waiters = [], [], []
