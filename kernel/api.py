@@ -13,7 +13,7 @@ import json
 import os
 import socket
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +23,17 @@ from kernel.checkpoint import encode_checkpoint, load_checkpoint
 from kernel.commands import Command, CommandOutcome, judge_command
 from kernel.compiler import CompiledFlow, compile_flow, load_flow
 from kernel.errors import CommandRejectedError, InvalidInputError, RunBusyError, RunInputError, StoreError
-from kernel.events import BaseEvent, CommandReceived, Event, FlowResumed, FlowStart, decode, encode
+from kernel.events import (
+    BaseEvent,
+    CommandReceived,
+    Event,
+    FlowComplete,
+    FlowPaused,
+    FlowResumed,
+    FlowStart,
+    decode,
+    encode,
+)
 from kernel.flowfile import canonical_json
 from kernel.ids import new_run_id, now_ms
 from kernel.reducer import fold, initial_snapshot
@@ -322,23 +332,10 @@ class Kernel:
         def before(snap: RunSnapshot) -> list[BaseEvent]:
             outcome = judge_command(self.flow_of(run_id), snap, cmd, executing=False)
             if not outcome.accepted:
-                self._record_refusal(snap, outcome)
+                self._append_now(snap, [outcome.record])
                 raise CommandRejectedError(outcome.reason or "refused")
             return [outcome.record, then]
         return before
-
-    def _record_refusal(self, snap: RunSnapshot, outcome: CommandOutcome) -> None:
-        """Append a refused command's record to the log (we hold the lease); nothing else changes."""
-        record = outcome.record
-        record.seq = snap.seq + 1
-        record.timestamp = now_ms()
-        record.flowRunId = snap.runId
-        body = encode(record)
-        try:
-            self.store.commit(snap.runId, [(record.seq, record.type, None, None, record.timestamp, body)],
-                              snap.status, record.seq, snap.error, None)
-        except StoreError:
-            raise
 
     async def command(self, run_id: str, cmd: Command, *, timeout_s: float = 10.0) -> CommandOutcome:
         """Issue a command to a run. If this process executes it, it is delivered directly; if another
@@ -355,6 +352,9 @@ class Kernel:
         return outcome
 
     async def _command(self, run_id: str, cmd: Command, timeout_s: float) -> CommandOutcome:
+        if cmd.kind in ("resume", "retry"):
+            raise InvalidInputError(f"{cmd.kind} continues a run in the calling process: use Kernel.{cmd.kind}() "
+                                    f"(flowkernel {cmd.kind} RUN)")
         execution = self._executing.get(run_id)
         if execution is not None:
             result: list[CommandOutcome] = []
@@ -375,18 +375,12 @@ class Kernel:
         try:
             snap = self.snapshot(run_id)
             outcome = judge_command(self.flow_of(run_id), snap, cmd, executing=False)
-            if not outcome.accepted or cmd.kind in ("send", "reply", "pause", "abort"):
-                if outcome.accepted and cmd.kind in ("pause", "abort"):
-                    # Nobody executes the run: the command takes effect right here.
-                    from kernel.events import FlowComplete, FlowPaused
-
-                    follow: BaseEvent = (FlowPaused(reason=cmd.reason or "pause requested") if cmd.kind == "pause"
-                                         else FlowComplete(status="aborted", error=cmd.reason or "aborted"))
-                    self._append_now(snap, [outcome.record, follow])
-                elif outcome.accepted:
-                    self._append_now(snap, [outcome.record])
-                else:
-                    self._record_refusal(snap, outcome)
+            drafts: list[BaseEvent] = [outcome.record]
+            if outcome.accepted and cmd.kind == "pause":  # nobody executes the run: it takes effect here
+                drafts.append(FlowPaused(reason=cmd.reason or "pause requested"))
+            elif outcome.accepted and cmd.kind == "abort":
+                drafts.append(FlowComplete(status="aborted", error=cmd.reason or "aborted"))
+            self._append_now(snap, drafts)
             return _raise_if_refused(outcome)
         finally:
             self.store.release_lease(run_id, self.owner)
@@ -461,6 +455,3 @@ def parse_inputs(flow: CompiledFlow, pairs: list[str], json_file: str | None) ->
             value[key] = raw
     return value
 
-
-Listener = Callable[[BaseEvent], None]
-AsyncAction = Callable[[], Awaitable[Any]]
