@@ -1,0 +1,371 @@
+"""What the SQL stores share: the schema, the statements, the row mappers and the method bodies.
+
+``SqlStore`` holds everything that is the same in ``SqliteStore`` and ``PostgresStore``. Statements
+are written once with ``?`` placeholders in class attributes named ``_sql_*``; a subclass that sets
+``param = "%s"`` gets them rewritten once, when its class is defined (never per call). Statements
+built per call (filters, ``IN`` lists) use ``self.param``. A subclass supplies only the dialect:
+the connection, ``_tx``/``_query`` (driver errors become ``StoreError``), how a body is stored
+(``_enc``/``_dec``), ``_executemany``, ``change_token`` and whatever else differs.
+"""
+
+from __future__ import annotations
+
+import json
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager
+from typing import Any, ClassVar
+
+from kernel.errors import StoreError, UnknownRunError
+from kernel.ids import now_ms
+from kernel.store.base import CommandRow, EventRow, RunRecord
+
+SCHEMA_VERSION = 2  # 2: content-addressed checkpoint blobs
+
+# The tables, column for column, in both dialects: ``{id}`` is an auto-increment primary key and
+# ``{body}`` the type of a stored event, checkpoint or blob (see each store's SCHEMA).
+SCHEMA_TEMPLATE = [
+    """CREATE TABLE IF NOT EXISTS flows (
+        hash TEXT PRIMARY KEY, name TEXT NOT NULL, document TEXT NOT NULL, created_at BIGINT NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS runs (
+        run_id TEXT PRIMARY KEY, flow_hash TEXT NOT NULL, flow_name TEXT NOT NULL, flow_source TEXT,
+        status TEXT NOT NULL, seq BIGINT NOT NULL, input TEXT NOT NULL, error TEXT,
+        parent_run_id TEXT, parent_node_run_id TEXT, forked_from TEXT, forked_at BIGINT,
+        created_at BIGINT NOT NULL, updated_at BIGINT NOT NULL, lease_owner TEXT, lease_expires_at BIGINT)""",
+    "CREATE INDEX IF NOT EXISTS runs_status ON runs (status, created_at)",
+    "CREATE INDEX IF NOT EXISTS runs_parent ON runs (parent_run_id)",
+    """CREATE TABLE IF NOT EXISTS events (
+        run_id TEXT NOT NULL, seq BIGINT NOT NULL, type TEXT NOT NULL, node_id TEXT, node_run_id TEXT,
+        ts BIGINT NOT NULL, body {body} NOT NULL, PRIMARY KEY (run_id, seq))""",
+    """CREATE TABLE IF NOT EXISTS checkpoints (
+        run_id TEXT NOT NULL, seq BIGINT NOT NULL, body {body} NOT NULL, PRIMARY KEY (run_id, seq))""",
+    """CREATE TABLE IF NOT EXISTS blobs (key TEXT PRIMARY KEY, body {body} NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS commands (
+        id {id}, run_id TEXT NOT NULL, body TEXT NOT NULL,
+        created_at BIGINT NOT NULL, taken_seq BIGINT)""",
+    "CREATE INDEX IF NOT EXISTS commands_pending ON commands (run_id, taken_seq)",
+    """CREATE TABLE IF NOT EXISTS agent_messages (
+        id {id}, flow_run_id TEXT NOT NULL, run_id TEXT NOT NULL,
+        node_id TEXT NOT NULL, session_id TEXT NOT NULL, role TEXT NOT NULL, content TEXT NOT NULL,
+        step INTEGER NOT NULL, created_at BIGINT NOT NULL)""",
+    "CREATE INDEX IF NOT EXISTS agent_messages_session ON agent_messages (session_id, id)",
+    "CREATE INDEX IF NOT EXISTS agent_messages_run ON agent_messages (run_id, id)",
+    """CREATE TABLE IF NOT EXISTS agent_tool_calls (
+        id {id}, flow_run_id TEXT NOT NULL, run_id TEXT NOT NULL,
+        node_id TEXT NOT NULL, session_id TEXT NOT NULL, message_id BIGINT, tool_name TEXT NOT NULL,
+        tool_use_id TEXT NOT NULL, input TEXT, output TEXT, status TEXT NOT NULL, duration_ms BIGINT,
+        step INTEGER NOT NULL, created_at BIGINT NOT NULL)""",
+    "CREATE INDEX IF NOT EXISTS agent_tool_calls_run ON agent_tool_calls (run_id, id)",
+]
+
+
+def schema(*, id: str, body: str) -> list[str]:
+    """The tables in one dialect: ``id`` is its auto-increment primary key, ``body`` its body type."""
+    return [stmt.replace("{id}", id).replace("{body}", body) for stmt in SCHEMA_TEMPLATE]
+
+
+_RUN_COLUMNS = ("run_id, flow_name, flow_hash, status, seq, input, created_at, updated_at, error, parent_run_id, "
+                "parent_node_run_id, forked_from, forked_at, flow_source, lease_owner, lease_expires_at")
+# The run row is rewritten only when the status changes; the latest seq and time come from the log.
+_RUN_SELECT = (
+    "run_id, flow_name, flow_hash, status, "
+    "(SELECT MAX(e.seq) FROM events e WHERE e.run_id = runs.run_id), input, created_at, "
+    "(SELECT e.ts FROM events e WHERE e.run_id = runs.run_id ORDER BY e.seq DESC LIMIT 1), error, "
+    "parent_run_id, parent_node_run_id, forked_from, forked_at, flow_source, lease_owner, lease_expires_at")
+_MESSAGE_COLUMNS = "id, flow_run_id, run_id, node_id, session_id, role, content, step, created_at"
+_TOOL_CALL_COLUMNS = ("id, flow_run_id, run_id, node_id, session_id, message_id, tool_name, tool_use_id, input, "
+                      "output, status, duration_ms, step, created_at")
+
+
+def _record(row: Sequence[Any]) -> RunRecord:
+    return RunRecord(runId=row[0], flowName=row[1], flowHash=row[2], status=row[3], seq=row[4],
+                     input=json.loads(row[5]), createdAt=row[6], updatedAt=row[7], error=row[8],
+                     parentRunId=row[9], parentNodeRunId=row[10], forkedFrom=row[11], forkedAt=row[12],
+                     flowSource=row[13], leaseOwner=row[14], leaseExpiresAt=row[15])
+
+
+def _message(r: Sequence[Any]) -> dict[str, Any]:
+    return {"id": r[0], "flowRunId": r[1], "runId": r[2], "nodeId": r[3], "sessionId": r[4], "role": r[5],
+            "content": json.loads(r[6]), "step": r[7], "createdAt": r[8]}
+
+
+def _tool_call(r: Sequence[Any]) -> dict[str, Any]:
+    return {"id": r[0], "flowRunId": r[1], "runId": r[2], "nodeId": r[3], "sessionId": r[4], "messageId": r[5],
+            "toolName": r[6], "toolUseId": r[7], "input": json.loads(r[8]) if r[8] else None,
+            "output": json.loads(r[9]) if r[9] else None, "status": r[10], "durationMs": r[11],
+            "step": r[12], "createdAt": r[13]}
+
+
+class SqlStore(ABC):
+    """The ``Store`` protocol over SQL; subclasses supply the dialect (see the module docstring)."""
+
+    location: str
+    #: The driver's placeholder; statements in ``_sql_*`` attributes are rewritten to it at class definition.
+    param: ClassVar[str] = "?"
+
+    # What a unique-key violation in ``create_run``/``commit`` is reported as: ``{location}``, ``{run}``
+    # and ``{detail}`` (the driver's words) are filled in. None: the store's generic error.
+    _RUN_EXISTS: ClassVar[str | None]
+    _OUT_OF_ORDER: ClassVar[str]
+
+    _sql_flow_exists: ClassVar[str] = "SELECT 1 FROM flows WHERE hash = ?"
+    _sql_insert_flow: ClassVar[str] = ("INSERT INTO flows (hash, name, document, created_at) VALUES (?, ?, ?, ?) "
+                                       "ON CONFLICT (hash) DO NOTHING")
+    _sql_get_flow: ClassVar[str] = "SELECT document FROM flows WHERE hash = ?"
+    _sql_insert_run: ClassVar[str] = f"INSERT INTO runs ({_RUN_COLUMNS}) VALUES ({', '.join('?' * 16)})"
+    _sql_get_run: ClassVar[str] = f"SELECT {_RUN_SELECT} FROM runs WHERE run_id = ?"
+    _sql_insert_checkpoint: ClassVar[str] = "INSERT INTO checkpoints (run_id, seq, body) VALUES (?, ?, ?)"
+    _sql_delete_checkpoints: ClassVar[str] = "DELETE FROM checkpoints WHERE run_id = ?"
+    _sql_insert_blob: ClassVar[str] = "INSERT INTO blobs (key, body) VALUES (?, ?) ON CONFLICT (key) DO NOTHING"
+    _sql_insert_event: ClassVar[str] = ("INSERT INTO events (run_id, seq, type, node_id, node_run_id, ts, body) "
+                                        "VALUES (?, ?, ?, ?, ?, ?, ?)")
+    _sql_update_status: ClassVar[str] = ("UPDATE runs SET status = ?, seq = ?, error = ?, updated_at = ? "
+                                         "WHERE run_id = ?")
+    _sql_read_events: ClassVar[str] = "SELECT body FROM events WHERE run_id = ? AND seq > ? ORDER BY seq"
+    _sql_read_events_until: ClassVar[str] = ("SELECT body FROM events WHERE run_id = ? AND seq > ? AND seq <= ? "
+                                             "ORDER BY seq")
+    _sql_read_checkpoint: ClassVar[str] = ("SELECT seq, body FROM checkpoints WHERE run_id = ? AND seq <= ? "
+                                           "ORDER BY seq DESC LIMIT 1")
+    _sql_insert_command: ClassVar[str] = ("INSERT INTO commands (run_id, body, created_at) VALUES (?, ?, ?) "
+                                          "RETURNING id")
+    _sql_pending_commands: ClassVar[str] = ("SELECT id, run_id, body, created_at FROM commands "
+                                            "WHERE run_id = ? AND taken_seq IS NULL ORDER BY id")
+    _sql_finish_command: ClassVar[str] = "UPDATE commands SET taken_seq = ? WHERE id = ?"
+    _sql_lease_select: ClassVar[str] = "SELECT lease_owner, lease_expires_at FROM runs WHERE run_id = ?"
+    _sql_lease_take: ClassVar[str] = "UPDATE runs SET lease_owner = ?, lease_expires_at = ? WHERE run_id = ?"
+    _sql_lease_release: ClassVar[str] = ("UPDATE runs SET lease_owner = NULL, lease_expires_at = NULL "
+                                         "WHERE run_id = ? AND lease_owner = ?")
+    _sql_insert_message: ClassVar[str] = (
+        "INSERT INTO agent_messages (flow_run_id, run_id, node_id, session_id, role, content, step, created_at) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?) RETURNING id")
+    _sql_insert_tool_call: ClassVar[str] = (
+        "INSERT INTO agent_tool_calls (flow_run_id, run_id, node_id, session_id, message_id, tool_name, "
+        "tool_use_id, input, output, status, duration_ms, step, created_at) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id")
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.param != "?":
+            for name in dir(cls):
+                if name.startswith("_sql_") and isinstance(value := getattr(cls, name), str):
+                    setattr(cls, name, value.replace("?", cls.param))
+
+    def __init__(self, location: str) -> None:
+        self.location = location
+        # (status, error) last written to each run's row by this store: ``commit`` skips the UPDATE when unchanged.
+        self._known_status: dict[str, tuple[str, str | None]] = {}
+
+    # -- the dialect ------------------------------------------------------------------------
+
+    @abstractmethod
+    def _tx(self, conflict: str | None = None, run: str = "") -> AbstractContextManager[Any]:
+        """One transaction yielding the connection; driver errors become StoreError, and a unique-key
+        violation the ``conflict`` message (formatted with ``run``) when one is given."""
+
+    @abstractmethod
+    def _query(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+        """Run one statement outside a transaction and fetch its rows; driver errors become StoreError."""
+
+    @staticmethod
+    @abstractmethod
+    def _executemany(db: Any, sql: str, rows: list[tuple[Any, ...]]) -> None: ...
+
+    @staticmethod
+    @abstractmethod
+    def _enc(body: bytes) -> Any:
+        """An event, checkpoint or blob body as the ``body`` column stores it."""
+
+    @staticmethod
+    @abstractmethod
+    def _dec(value: Any) -> bytes:
+        """A ``body`` column's value as bytes."""
+
+    @abstractmethod
+    def _bump_changes(self, db: Any) -> None:
+        """Called in the transaction that enqueues a command, so that ``change_token`` moves."""
+
+    # -- flows and runs ---------------------------------------------------------------------
+
+    def put_flow(self, flow_hash: str, name: str, document: str) -> None:
+        if self._query(self._sql_flow_exists, (flow_hash,)):
+            return
+        with self._tx() as db:
+            db.execute(self._sql_insert_flow, (flow_hash, name, document, now_ms()))
+
+    def get_flow(self, flow_hash: str) -> str:
+        rows = self._query(self._sql_get_flow, (flow_hash,))
+        if not rows:
+            raise StoreError(f"{self.location}: flow {flow_hash} is missing")
+        return str(rows[0][0])
+
+    def create_run(self, record: RunRecord, events: Sequence[EventRow], checkpoint: bytes,
+                   blobs: Mapping[str, bytes] | None = None) -> None:
+        with self._tx(self._RUN_EXISTS, record.runId) as db:
+            db.execute(
+                self._sql_insert_run,
+                (record.runId, record.flowName, record.flowHash, record.status, record.seq,
+                 json.dumps(record.input), record.createdAt, record.updatedAt, record.error,
+                 record.parentRunId, record.parentNodeRunId, record.forkedFrom, record.forkedAt,
+                 record.flowSource, record.leaseOwner, record.leaseExpiresAt))
+            self._insert_events(db, record.runId, events)
+            self._insert_blobs(db, blobs)
+            db.execute(self._sql_insert_checkpoint, (record.runId, record.seq, self._enc(checkpoint)))
+
+    def _insert_blobs(self, db: Any, blobs: Mapping[str, bytes] | None) -> None:
+        # Content-addressed: a blob that exists already is the same bytes; writing it again changes nothing.
+        if blobs:
+            enc = self._enc
+            self._executemany(db, self._sql_insert_blob, [(k, enc(v)) for k, v in blobs.items()])
+
+    def read_blobs(self, keys: Iterable[str]) -> dict[str, bytes]:
+        wanted = list(keys)
+        found: dict[str, bytes] = {}
+        dec = self._dec
+        for i in range(0, len(wanted), 500):
+            part = wanted[i:i + 500]
+            marks = ", ".join([self.param] * len(part))
+            for key, body in self._query(f"SELECT key, body FROM blobs WHERE key IN ({marks})", part):
+                found[key] = dec(body)
+        return found
+
+    def _insert_events(self, db: Any, run_id: str, events: Sequence[EventRow]) -> None:
+        if events:
+            enc = self._enc
+            self._executemany(db, self._sql_insert_event,
+                              [(run_id, seq, typ, node, nr, ts, enc(body)) for seq, typ, node, nr, ts, body in events])
+
+    def get_run(self, run_id: str) -> RunRecord:
+        rows = self._query(self._sql_get_run, (run_id,))
+        if not rows:
+            raise UnknownRunError(run_id, self.location)
+        return _record(rows[0])
+
+    def list_runs(self, status: str | None = None, parent: str | None = None, limit: int = 1000) -> list[RunRecord]:
+        p = self.param
+        sql = f"SELECT {_RUN_SELECT} FROM runs WHERE 1 = 1"
+        params: list[Any] = []
+        if status is not None:
+            sql += f" AND status = {p}"
+            params.append(status)
+        if parent is not None:
+            sql += f" AND parent_run_id = {p}"
+            params.append(parent)
+        sql += f" ORDER BY created_at DESC, run_id DESC LIMIT {p}"
+        params.append(limit)
+        return [_record(r) for r in self._query(sql, params)]
+
+    # -- the log ----------------------------------------------------------------------------
+
+    def commit(self, run_id: str, events: Sequence[EventRow], status: str, seq: int, error: str | None,
+               checkpoint: bytes | None, blobs: Mapping[str, bytes] | None = None) -> None:
+        try:
+            with self._tx(self._OUT_OF_ORDER, run_id) as db:
+                self._insert_events(db, run_id, events)
+                if self._known_status.get(run_id) != (status, error):
+                    db.execute(self._sql_update_status, (status, seq, error, now_ms(), run_id))
+                self._insert_blobs(db, blobs)
+                if checkpoint is not None:
+                    # Compaction: the newest checkpoint replaces the older ones.
+                    db.execute(self._sql_delete_checkpoints, (run_id,))
+                    db.execute(self._sql_insert_checkpoint, (run_id, seq, self._enc(checkpoint)))
+            self._known_status[run_id] = (status, error)
+        except StoreError:
+            self._known_status.pop(run_id, None)
+            raise
+
+    def read_events(self, run_id: str, after: int = 0, until: int | None = None) -> list[bytes]:
+        self.get_run(run_id)
+        if until is None:
+            rows = self._query(self._sql_read_events, (run_id, after))
+        else:
+            rows = self._query(self._sql_read_events_until, (run_id, after, until))
+        dec = self._dec
+        return [dec(r[0]) for r in rows]
+
+    def read_checkpoint(self, run_id: str, at_most: int | None = None) -> tuple[int, bytes] | None:
+        rows = self._query(self._sql_read_checkpoint, (run_id, at_most if at_most is not None else 2**62))
+        return (int(rows[0][0]), self._dec(rows[0][1])) if rows else None
+
+    # -- commands ---------------------------------------------------------------------------
+
+    def enqueue_command(self, run_id: str, body: dict[str, Any]) -> int:
+        with self._tx() as db:
+            row = db.execute(self._sql_insert_command, (run_id, json.dumps(body), now_ms())).fetchone()
+            self._bump_changes(db)
+            return int(row[0]) if row else 0
+
+    def pending_commands(self, run_id: str) -> list[CommandRow]:
+        rows = self._query(self._sql_pending_commands, (run_id,))
+        return [CommandRow(id=r[0], runId=r[1], body=json.loads(r[2]), createdAt=r[3]) for r in rows]
+
+    def finish_command(self, command_id: int, seq: int) -> None:
+        with self._tx() as db:
+            db.execute(self._sql_finish_command, (seq, command_id))
+
+    @abstractmethod
+    def change_token(self) -> int: ...
+
+    # -- leases -----------------------------------------------------------------------------
+
+    def acquire_lease(self, run_id: str, owner: str, now_ms: int, ttl_ms: int,
+                      steal_from: str | None = None) -> str | None:
+        with self._tx() as db:
+            row = db.execute(self._sql_lease_select, (run_id,)).fetchone()
+            if row is None:
+                raise UnknownRunError(run_id, self.location)
+            holder, expires = row
+            if holder is not None and holder not in (owner, steal_from) and (expires or 0) > now_ms:
+                return str(holder)
+            db.execute(self._sql_lease_take, (owner, now_ms + ttl_ms, run_id))
+            return None
+
+    def release_lease(self, run_id: str, owner: str) -> None:
+        with self._tx() as db:
+            db.execute(self._sql_lease_release, (run_id, owner))
+
+    # -- agent conversations ----------------------------------------------------------------
+
+    def add_agent_message(self, row: dict[str, Any]) -> int:
+        with self._tx() as db:
+            got = db.execute(
+                self._sql_insert_message,
+                (row["flowRunId"], row["runId"], row["nodeId"], row["sessionId"], row["role"],
+                 json.dumps(row["content"]), row["step"], row.get("createdAt") or now_ms())).fetchone()
+            return int(got[0]) if got else 0
+
+    def list_agent_messages(self, *, run_id: str | None = None, session_id: str | None = None,
+                            flow_run_id: str | None = None, after: int = 0, limit: int = 100) -> list[dict[str, Any]]:
+        sql, params = self._filtered(f"SELECT {_MESSAGE_COLUMNS} FROM agent_messages", after, limit,
+                                     (("run_id", run_id), ("session_id", session_id), ("flow_run_id", flow_run_id)))
+        return [_message(r) for r in self._query(sql, params)]
+
+    def add_tool_call(self, row: dict[str, Any]) -> int:
+        with self._tx() as db:
+            got = db.execute(
+                self._sql_insert_tool_call,
+                (row["flowRunId"], row["runId"], row["nodeId"], row["sessionId"], row.get("messageId"),
+                 row["toolName"], row["toolUseId"], json.dumps(row.get("input")), json.dumps(row.get("output")),
+                 row["status"], row.get("durationMs"), row["step"], row.get("createdAt") or now_ms())).fetchone()
+            return int(got[0]) if got else 0
+
+    def list_tool_calls(self, *, run_id: str | None = None, session_id: str | None = None,
+                        flow_run_id: str | None = None, tool_name: str | None = None, status: str | None = None,
+                        after: int = 0, limit: int = 100) -> list[dict[str, Any]]:
+        sql, params = self._filtered(f"SELECT {_TOOL_CALL_COLUMNS} FROM agent_tool_calls", after, limit,
+                                     (("run_id", run_id), ("session_id", session_id), ("flow_run_id", flow_run_id),
+                                      ("tool_name", tool_name), ("status", status)))
+        return [_tool_call(r) for r in self._query(sql, params)]
+
+    def _filtered(self, select: str, after: int, limit: int,
+                  filters: Iterable[tuple[str, str | None]]) -> tuple[str, list[Any]]:
+        """``select`` for rows after id ``after`` matching the non-None ``filters``, by id, at most ``limit``."""
+        p = self.param
+        sql = f"{select} WHERE id > {p}"
+        params: list[Any] = [after]
+        for col, val in filters:
+            if val is not None:
+                sql += f" AND {col} = {p}"
+                params.append(val)
+        sql += f" ORDER BY id LIMIT {p}"
+        params.append(limit)
+        return sql, params
