@@ -158,7 +158,6 @@ def s4(iterations: int = measure.S4_ITERATIONS) -> Metrics:
     is divided by the window's transitions (30).
     """
     per_iter = measure.S4_NODES_PER_ITERATION
-    early, late = measure.s4_windows(iterations)
     with measure.fresh_db() as db:
         conn = _open(db)
         try:
@@ -176,12 +175,7 @@ def s4(iterations: int = measure.S4_ITERATIONS) -> Metrics:
             _check(conn, iterations * per_iter)
         finally:
             conn.close()
-    return {
-        "bytes_per_transition_early": measure.window_bytes_per_transition(before, early, per_iter),
-        "bytes_per_transition_late": measure.window_bytes_per_transition(before, late, per_iter),
-        "us_per_transition": sw.us / (iterations * per_iter),
-        "total_ms": sw.ms,
-    }
+    return measure.s4_metrics(before, iterations, per_iter, sw)
 
 
 if __name__ == "__main__":

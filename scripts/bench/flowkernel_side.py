@@ -284,7 +284,6 @@ def s4(iterations: int = measure.S4_ITERATIONS) -> Metrics:
     before it starts a node, so every earlier transition is on disk by then).
     """
     per_iter = measure.S4_NODES_PER_ITERATION
-    early, late = measure.s4_windows(iterations)
     before: dict[int, int] = {}
 
     with measure.fresh_db() as db:
@@ -323,12 +322,7 @@ def s4(iterations: int = measure.S4_ITERATIONS) -> Metrics:
             _check(snap, status="completed", items=iterations, counter=per_iter * iterations)
         finally:
             store.close()
-    return {
-        "bytes_per_transition_early": measure.window_bytes_per_transition(before, early, per_iter),
-        "bytes_per_transition_late": measure.window_bytes_per_transition(before, late, per_iter),
-        "us_per_transition": sw.us / (iterations * per_iter),
-        "total_ms": sw.ms,
-    }
+    return measure.s4_metrics(before, iterations, per_iter, sw)
 
 
 if __name__ == "__main__":

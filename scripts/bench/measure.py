@@ -260,6 +260,18 @@ def window_bytes_per_transition(
 # --------------------------------------------------------------------------- statistics
 
 
+
+def s4_metrics(before_iteration: Mapping[int, int], iterations: int, transitions_per_iteration: int,
+               elapsed: Stopwatch) -> dict[str, float]:
+    """The figures every system reports for S4, from its footprint samples and its stopwatch."""
+    early, late = s4_windows(iterations)
+    return {
+        "bytes_per_transition_early": window_bytes_per_transition(before_iteration, early, transitions_per_iteration),
+        "bytes_per_transition_late": window_bytes_per_transition(before_iteration, late, transitions_per_iteration),
+        "us_per_transition": elapsed.us / (iterations * transitions_per_iteration),
+        "total_ms": elapsed.ms,
+    }
+
 def median(values: Sequence[float]) -> float:
     return float(statistics.median(values))
 
