@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -157,6 +159,16 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_FAILED
 
 
+@contextmanager
+def _opened(args: argparse.Namespace, *, create: bool = False) -> Iterator[Kernel]:
+    """The kernel for one command, its store closed however the command ends."""
+    kernel = _kernel(args, create=create)
+    try:
+        yield kernel
+    finally:
+        kernel.close()
+
+
 def _kernel(args: argparse.Namespace, *, create: bool = False) -> Kernel:
     from kernel.api import Kernel
     from kernel.store.open import open_store
@@ -252,17 +264,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     from kernel.api import Kernel
 
     Kernel.check_input(flow, value)
-    kernel = _kernel(args, create=True)
-    try:
+    with _opened(args, create=True) as kernel:
         snap = _run_async(kernel.run, flow, value, on_event=_printer(args))
         return _exit_for(snap, snap.runId)
-    finally:
-        kernel.close()
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
-    kernel = _kernel(args)
-    try:
+    with _opened(args) as kernel:
         records = kernel.runs(status=args.status, parent=args.parent, limit=args.limit)
         if args.json:
             import msgspec
@@ -274,8 +282,6 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
             show_runs(records, sys.stdout)
         return EXIT_OK
-    finally:
-        kernel.close()
 
 
 def _show_history(kernel: Kernel, args: argparse.Namespace) -> int:
@@ -314,8 +320,7 @@ def _show_history(kernel: Kernel, args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    kernel = _kernel(args)
-    try:
+    with _opened(args) as kernel:
         if args.messages or args.tool_calls:
             return _show_history(kernel, args)
         record = kernel.store.get_run(args.run)
@@ -339,14 +344,11 @@ def cmd_show(args: argparse.Namespace) -> int:
                 for c in children:
                     print(f"  {c.runId}  {c.flowName}  {c.status}  (node run {c.parentNodeRunId})")
         return EXIT_OK
-    finally:
-        kernel.close()
 
 
 def cmd_events(args: argparse.Namespace) -> int:
-    kernel = _kernel(args)
     emit = _printer(args)
-    try:
+    with _opened(args) as kernel:
         if args.follow:
             async def follow() -> None:
                 async for ev in kernel.follow(args.run, after=args.after):
@@ -356,8 +358,6 @@ def cmd_events(args: argparse.Namespace) -> int:
             for ev in kernel.events(args.run, after=args.after):
                 emit(ev)
         return EXIT_OK
-    finally:
-        kernel.close()
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
@@ -365,9 +365,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
     from kernel.reducer import fold
 
-    kernel = _kernel(args)
     emit = _printer(args)
-    try:
+    with _opened(args) as kernel:
         flow = kernel.flow_of(args.run)
         events = kernel.events(args.run)
         stored = kernel.snapshot(args.run)
@@ -383,33 +382,24 @@ def cmd_replay(args: argparse.Namespace) -> int:
         note = "matches the stored snapshot" if matches else "DIFFERS from the stored snapshot"
         print(f"flowkernel: replayed {len(events)} events; rebuilt snapshot {note}", file=sys.stderr)
         return EXIT_OK if matches else EXIT_FAILED
-    finally:
-        kernel.close()
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
-    kernel = _kernel(args)
-    try:
+    with _opened(args) as kernel:
         snap = _run_async(kernel.resume, args.run, args.message, on_event=_printer(args))
         return _exit_for(snap, args.run)
-    finally:
-        kernel.close()
 
 
 def cmd_retry(args: argparse.Namespace) -> int:
-    kernel = _kernel(args)
-    try:
+    with _opened(args) as kernel:
         snap = _run_async(kernel.retry, args.run, on_event=_printer(args))
         return _exit_for(snap, args.run)
-    finally:
-        kernel.close()
 
 
 def cmd_fixtures(args: argparse.Namespace) -> int:
     from kernel.testing.fixtures import fixtures_from_run, write_fixtures
 
-    kernel = _kernel(args)
-    try:
+    with _opened(args) as kernel:
         kernel.store.get_run(args.run)
         documents = fixtures_from_run(kernel.store, args.run, tools=kernel.registry.tools)
         if not documents:
@@ -418,15 +408,12 @@ def cmd_fixtures(args: argparse.Namespace) -> int:
         for path in write_fixtures(documents, args.output, force=args.force):
             print(path)
         return EXIT_OK
-    finally:
-        kernel.close()
 
 
 def cmd_rerun(args: argparse.Namespace) -> int:
     from kernel.timetravel import rerun
 
-    kernel = _kernel(args)
-    try:
+    with _opened(args) as kernel:
         report = _run_async(rerun, kernel, args.run)
         if args.json:
             import json
@@ -438,29 +425,23 @@ def cmd_rerun(args: argparse.Namespace) -> int:
         else:
             print(report.describe())
         return EXIT_OK if report.matches else EXIT_FAILED
-    finally:
-        kernel.close()
 
 
 def cmd_fork(args: argparse.Namespace) -> int:
     from kernel.api import parse_inputs
     from kernel.timetravel import fork
 
-    kernel = _kernel(args)
-    try:
+    with _opened(args) as kernel:
         changes = parse_inputs(kernel.flow_of(args.run), args.input, None) if args.input else None
         snap = _run_async(fork, kernel, args.run, args.at, input=changes, on_event=_printer(args))
         print(f"flowkernel: fork {snap.runId} of {args.run} at seq {args.at}", file=sys.stderr)
         return _exit_for(snap, snap.runId)
-    finally:
-        kernel.close()
 
 
 def _command(args: argparse.Namespace, kind: str) -> int:
     from kernel.commands import Command
 
-    kernel = _kernel(args)
-    try:
+    with _opened(args) as kernel:
         cmd = Command(kind=kind, target=getattr(args, "to", None), content=getattr(args, "text", None),
                       reason=getattr(args, "reason", None))
         _run_async(kernel.command, args.run, cmd)
@@ -471,8 +452,6 @@ def _command(args: argparse.Namespace, kind: str) -> int:
                               before=_resume_if_stopped)
             return _exit_for(snap, args.run)
         return EXIT_OK
-    finally:
-        kernel.close()
 
 
 def _resume_if_stopped(snap: RunSnapshot) -> list[BaseEvent]:
