@@ -20,10 +20,15 @@ from kernel.errors import StoreError, UnknownRunError
 from kernel.ids import now_ms
 from kernel.store.base import CommandRow, EventRow, RunRecord
 
-SCHEMA_VERSION = 2  # 2: content-addressed checkpoint blobs
+SCHEMA_VERSION = 3  # 2: content-addressed checkpoint blobs; 3: events keyed by run number and seq
 
-# The tables, column for column, in both dialects: ``{id}`` is an auto-increment primary key and
-# ``{body}`` the type of a stored event, checkpoint or blob (see each store's SCHEMA).
+# An event's key is ``run_no * RUN_SPAN + seq``: one integer key, so the log is a single b-tree that
+# grows at its right edge (no secondary index to keep balanced on every commit).
+RUN_SPAN = 2**32
+
+# The tables, column for column, in both dialects: ``{id}`` is an auto-increment primary key,
+# ``{key}`` an integer primary key (the rowid itself in SQLite) and ``{body}`` the type of a stored
+# event, checkpoint or blob (see each store's SCHEMA).
 SCHEMA_TEMPLATE = [
     """CREATE TABLE IF NOT EXISTS flows (
         hash TEXT PRIMARY KEY, name TEXT NOT NULL, document TEXT NOT NULL, created_at BIGINT NOT NULL)""",
@@ -31,14 +36,16 @@ SCHEMA_TEMPLATE = [
         run_id TEXT PRIMARY KEY, flow_hash TEXT NOT NULL, flow_name TEXT NOT NULL, flow_source TEXT,
         status TEXT NOT NULL, seq BIGINT NOT NULL, input TEXT NOT NULL, error TEXT,
         parent_run_id TEXT, parent_node_run_id TEXT, forked_from TEXT, forked_at BIGINT,
-        created_at BIGINT NOT NULL, updated_at BIGINT NOT NULL, lease_owner TEXT, lease_expires_at BIGINT)""",
+        created_at BIGINT NOT NULL, updated_at BIGINT NOT NULL, lease_owner TEXT, lease_expires_at BIGINT,
+        run_no BIGINT)""",
+    "CREATE UNIQUE INDEX IF NOT EXISTS runs_run_no ON runs (run_no)",
     "CREATE INDEX IF NOT EXISTS runs_status ON runs (status, created_at)",
     "CREATE INDEX IF NOT EXISTS runs_parent ON runs (parent_run_id)",
     """CREATE TABLE IF NOT EXISTS events (
-        run_id TEXT NOT NULL, seq BIGINT NOT NULL, type TEXT NOT NULL, node_id TEXT, node_run_id TEXT,
-        ts BIGINT NOT NULL, body {body} NOT NULL, PRIMARY KEY (run_id, seq))""",
+        id {key}, run_id TEXT NOT NULL, seq BIGINT NOT NULL, type TEXT NOT NULL, node_id TEXT,
+        node_run_id TEXT, ts BIGINT NOT NULL, body {body} NOT NULL)""",
     """CREATE TABLE IF NOT EXISTS checkpoints (
-        run_id TEXT NOT NULL, seq BIGINT NOT NULL, body {body} NOT NULL, PRIMARY KEY (run_id, seq))""",
+        run_id TEXT PRIMARY KEY, seq BIGINT NOT NULL, body {body} NOT NULL)""",
     """CREATE TABLE IF NOT EXISTS blobs (key TEXT PRIMARY KEY, body {body} NOT NULL)""",
     """CREATE TABLE IF NOT EXISTS commands (
         id {id}, run_id TEXT NOT NULL, body TEXT NOT NULL,
@@ -59,18 +66,45 @@ SCHEMA_TEMPLATE = [
 ]
 
 
-def schema(*, id: str, body: str) -> list[str]:
-    """The tables in one dialect: ``id`` is its auto-increment primary key, ``body`` its body type."""
-    return [stmt.replace("{id}", id).replace("{body}", body) for stmt in SCHEMA_TEMPLATE]
+def schema(*, id: str, key: str, body: str) -> list[str]:
+    """The tables in one dialect: ``id`` its auto-increment primary key, ``key`` its integer primary
+    key, ``body`` its body type."""
+    return [stmt.replace("{id}", id).replace("{key}", key).replace("{body}", body) for stmt in SCHEMA_TEMPLATE]
+
+
+def migrations(*, key: str, body: str) -> dict[int, list[str]]:
+    """Statements that bring a database of schema version N (the dict key) to N + 1."""
+    return {
+        1: [],  # version 2 only added the blobs table, which SCHEMA creates if missing
+        2: [
+            "ALTER TABLE runs ADD COLUMN run_no BIGINT",
+            "UPDATE runs SET run_no = (SELECT COUNT(*) FROM runs r2 WHERE r2.created_at < runs.created_at "
+            "OR (r2.created_at = runs.created_at AND r2.run_id <= runs.run_id))",
+            f"""CREATE TABLE events_v3 (
+                id {key}, run_id TEXT NOT NULL, seq BIGINT NOT NULL, type TEXT NOT NULL, node_id TEXT,
+                node_run_id TEXT, ts BIGINT NOT NULL, body {body} NOT NULL)""",
+            f"INSERT INTO events_v3 (id, run_id, seq, type, node_id, node_run_id, ts, body) "
+            f"SELECT r.run_no * {RUN_SPAN} + e.seq, e.run_id, e.seq, e.type, e.node_id, e.node_run_id, e.ts, e.body "
+            f"FROM events e JOIN runs r ON r.run_id = e.run_id",
+            "DROP TABLE events",
+            "ALTER TABLE events_v3 RENAME TO events",
+            f"CREATE TABLE checkpoints_v3 (run_id TEXT PRIMARY KEY, seq BIGINT NOT NULL, body {body} NOT NULL)",
+            "INSERT INTO checkpoints_v3 (run_id, seq, body) SELECT c.run_id, c.seq, c.body FROM checkpoints c "
+            "WHERE c.seq = (SELECT MAX(c2.seq) FROM checkpoints c2 WHERE c2.run_id = c.run_id)",
+            "DROP TABLE checkpoints",
+            "ALTER TABLE checkpoints_v3 RENAME TO checkpoints",
+        ],
+    }
 
 
 _RUN_COLUMNS = ("run_id, flow_name, flow_hash, status, seq, input, created_at, updated_at, error, parent_run_id, "
                 "parent_node_run_id, forked_from, forked_at, flow_source, lease_owner, lease_expires_at")
 # The run row is rewritten only when the status changes; the latest seq and time come from the log.
+_LAST_EVENT = (f"FROM events e WHERE e.id BETWEEN runs.run_no * {RUN_SPAN} AND runs.run_no * {RUN_SPAN} + "
+               f"{RUN_SPAN - 1} ORDER BY e.id DESC LIMIT 1")
 _RUN_SELECT = (
-    "run_id, flow_name, flow_hash, status, "
-    "(SELECT MAX(e.seq) FROM events e WHERE e.run_id = runs.run_id), input, created_at, "
-    "(SELECT e.ts FROM events e WHERE e.run_id = runs.run_id ORDER BY e.seq DESC LIMIT 1), error, "
+    f"run_id, flow_name, flow_hash, status, (SELECT e.seq {_LAST_EVENT}), input, created_at, "
+    f"(SELECT e.ts {_LAST_EVENT}), error, "
     "parent_run_id, parent_node_run_id, forked_from, forked_at, flow_source, lease_owner, lease_expires_at")
 _MESSAGE_COLUMNS = "id, flow_run_id, run_id, node_id, session_id, role, content, step, created_at"
 _TOOL_CALL_COLUMNS = ("id, flow_run_id, run_id, node_id, session_id, message_id, tool_name, tool_use_id, input, "
@@ -114,16 +148,18 @@ class SqlStore(ABC):
     _sql_get_flow: ClassVar[str] = "SELECT document FROM flows WHERE hash = ?"
     _sql_insert_run: ClassVar[str] = f"INSERT INTO runs ({_RUN_COLUMNS}) VALUES ({', '.join('?' * 16)})"
     _sql_get_run: ClassVar[str] = f"SELECT {_RUN_SELECT} FROM runs WHERE run_id = ?"
-    _sql_insert_checkpoint: ClassVar[str] = "INSERT INTO checkpoints (run_id, seq, body) VALUES (?, ?, ?)"
-    _sql_delete_checkpoints: ClassVar[str] = "DELETE FROM checkpoints WHERE run_id = ?"
+    # One checkpoint per run, replaced in place: compaction rewrites one row, not a row and its index.
+    _sql_put_checkpoint: ClassVar[str] = ("INSERT INTO checkpoints (run_id, seq, body) VALUES (?, ?, ?) "
+                                          "ON CONFLICT (run_id) DO UPDATE SET seq = excluded.seq, body = excluded.body")
     _sql_insert_blob: ClassVar[str] = "INSERT INTO blobs (key, body) VALUES (?, ?) ON CONFLICT (key) DO NOTHING"
-    _sql_insert_event: ClassVar[str] = ("INSERT INTO events (run_id, seq, type, node_id, node_run_id, ts, body) "
-                                        "VALUES (?, ?, ?, ?, ?, ?, ?)")
+    _sql_insert_event: ClassVar[str] = ("INSERT INTO events (id, run_id, seq, type, node_id, node_run_id, ts, body) "
+                                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?)")
+    _sql_next_run_no: ClassVar[str] = "SELECT COALESCE(MAX(run_no), 0) + 1 FROM runs"
+    _sql_set_run_no: ClassVar[str] = "UPDATE runs SET run_no = ? WHERE run_id = ?"
+    _sql_run_no: ClassVar[str] = "SELECT run_no FROM runs WHERE run_id = ?"
     _sql_update_status: ClassVar[str] = ("UPDATE runs SET status = ?, seq = ?, error = ?, updated_at = ? "
                                          "WHERE run_id = ?")
-    _sql_read_events: ClassVar[str] = "SELECT body FROM events WHERE run_id = ? AND seq > ? ORDER BY seq"
-    _sql_read_events_until: ClassVar[str] = ("SELECT body FROM events WHERE run_id = ? AND seq > ? AND seq <= ? "
-                                             "ORDER BY seq")
+    _sql_read_events: ClassVar[str] = "SELECT body FROM events WHERE id > ? AND id <= ? ORDER BY id"
     _sql_read_checkpoint: ClassVar[str] = ("SELECT seq, body FROM checkpoints WHERE run_id = ? AND seq <= ? "
                                            "ORDER BY seq DESC LIMIT 1")
     _sql_insert_command: ClassVar[str] = ("INSERT INTO commands (run_id, body, created_at) VALUES (?, ?, ?) "
@@ -154,6 +190,7 @@ class SqlStore(ABC):
         self.location = location
         # (status, error) last written to each run's row by this store: ``commit`` skips the UPDATE when unchanged.
         self._known_status: dict[str, tuple[str, str | None]] = {}
+        self._run_nos: dict[str, int] = {}  # run id -> run number (the high half of its events' keys)
 
     # -- the dialect ------------------------------------------------------------------------
 
@@ -179,6 +216,10 @@ class SqlStore(ABC):
     @abstractmethod
     def _dec(value: Any) -> bytes:
         """A ``body`` column's value as bytes."""
+
+    @abstractmethod
+    def _lock_run_numbers(self, db: Any) -> None:
+        """Serialise run-number allocation inside ``create_run``'s transaction."""
 
     @abstractmethod
     def _bump_changes(self, db: Any) -> None:
@@ -207,9 +248,13 @@ class SqlStore(ABC):
                  json.dumps(record.input), record.createdAt, record.updatedAt, record.error,
                  record.parentRunId, record.parentNodeRunId, record.forkedFrom, record.forkedAt,
                  record.flowSource, record.leaseOwner, record.leaseExpiresAt))
+            self._lock_run_numbers(db)
+            run_no = int(db.execute(self._sql_next_run_no).fetchone()[0])
+            db.execute(self._sql_set_run_no, (run_no, record.runId))
+            self._run_nos[record.runId] = run_no
             self._insert_events(db, record.runId, events)
             self._insert_blobs(db, blobs)
-            db.execute(self._sql_insert_checkpoint, (record.runId, record.seq, self._enc(checkpoint)))
+            db.execute(self._sql_put_checkpoint, (record.runId, record.seq, self._enc(checkpoint)))
 
     def _insert_blobs(self, db: Any, blobs: Mapping[str, bytes] | None) -> None:
         # Content-addressed: a blob that exists already is the same bytes; writing it again changes nothing.
@@ -228,11 +273,22 @@ class SqlStore(ABC):
                 found[key] = dec(body)
         return found
 
+    def _run_no(self, run_id: str) -> int:
+        run_no = self._run_nos.get(run_id)
+        if run_no is None:
+            rows = self._query(self._sql_run_no, (run_id,))
+            if not rows:
+                raise UnknownRunError(run_id, self.location)
+            run_no = self._run_nos[run_id] = int(rows[0][0])
+        return run_no
+
     def _insert_events(self, db: Any, run_id: str, events: Sequence[EventRow]) -> None:
         if events:
             enc = self._enc
+            base = self._run_no(run_id) * RUN_SPAN
             self._executemany(db, self._sql_insert_event,
-                              [(run_id, seq, typ, node, nr, ts, enc(body)) for seq, typ, node, nr, ts, body in events])
+                              [(base + seq, run_id, seq, typ, node, nr, ts, enc(body))
+                               for seq, typ, node, nr, ts, body in events])
 
     def get_run(self, run_id: str) -> RunRecord:
         rows = self._query(self._sql_get_run, (run_id,))
@@ -265,20 +321,16 @@ class SqlStore(ABC):
                     db.execute(self._sql_update_status, (status, seq, error, now_ms(), run_id))
                 self._insert_blobs(db, blobs)
                 if checkpoint is not None:
-                    # Compaction: the newest checkpoint replaces the older ones.
-                    db.execute(self._sql_delete_checkpoints, (run_id,))
-                    db.execute(self._sql_insert_checkpoint, (run_id, seq, self._enc(checkpoint)))
+                    db.execute(self._sql_put_checkpoint, (run_id, seq, self._enc(checkpoint)))
             self._known_status[run_id] = (status, error)
         except StoreError:
             self._known_status.pop(run_id, None)
             raise
 
     def read_events(self, run_id: str, after: int = 0, until: int | None = None) -> list[bytes]:
-        self.get_run(run_id)
-        if until is None:
-            rows = self._query(self._sql_read_events, (run_id, after))
-        else:
-            rows = self._query(self._sql_read_events_until, (run_id, after, until))
+        base = self._run_no(run_id) * RUN_SPAN
+        last = RUN_SPAN - 1 if until is None else min(until, RUN_SPAN - 1)
+        rows = self._query(self._sql_read_events, (base + after, base + last))
         dec = self._dec
         return [dec(r[0]) for r in rows]
 

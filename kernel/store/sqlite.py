@@ -16,11 +16,12 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from kernel.errors import StoreError
-from kernel.store.sql import SCHEMA_VERSION, SqlStore, schema
+from kernel.store.sql import SCHEMA_VERSION, SqlStore, migrations, schema
 
 __all__ = ["SCHEMA", "SCHEMA_VERSION", "SqliteStore"]
 
-SCHEMA = schema(id="INTEGER PRIMARY KEY AUTOINCREMENT", body="TEXT")
+SCHEMA = schema(id="INTEGER PRIMARY KEY AUTOINCREMENT", key="INTEGER PRIMARY KEY", body="TEXT")
+MIGRATIONS = migrations(key="INTEGER PRIMARY KEY", body="TEXT")
 
 
 class SqliteStore(SqlStore):
@@ -69,9 +70,15 @@ class SqliteStore(SqlStore):
         db.execute("PRAGMA foreign_keys=OFF")
         if version < SCHEMA_VERSION:
             with self._tx():
+                for older in range(max(version, 1), SCHEMA_VERSION) if version else ():
+                    for stmt in MIGRATIONS[older]:
+                        db.execute(stmt)
                 for stmt in SCHEMA:
                     db.execute(stmt)
                 db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+    def _lock_run_numbers(self, db: sqlite3.Connection) -> None:
+        pass  # BEGIN IMMEDIATE already makes this the only writer
 
     @contextmanager
     def _tx(self, conflict: str | None = None, run: str = "") -> Iterator[sqlite3.Connection]:
