@@ -1,7 +1,8 @@
 """Checkpoints that cost what changed: the snapshot as a small skeleton plus content-addressed blobs.
 
 Large values in ``state`` and ``outputs`` are stored once under the hash of their encoding; long
-lists are cut into fixed-size chunks, so appending to a list rewrites only its last chunk. A new
+lists are cut into fixed-size chunks: full chunks are blobs, the partial tail stays in the skeleton,
+so appending to a list stores a chunk only when one fills up (and no half-filled chunk is left behind). A new
 checkpoint therefore writes the skeleton and the blobs that did not exist yet: an output written
 once is never written again, and a growing list costs its growth, not its size.
 """
@@ -23,7 +24,7 @@ CHUNK = 64  # list items per chunk
 INLINE_BYTES = 512  # values smaller than this stay in the skeleton
 
 _encoder = msgspec.json.Encoder(order="deterministic")
-_MARKERS = ("$blob", "$chunks", "$lit")
+_MARKER_SHAPES = ({"$blob"}, {"$chunks", "$tail"}, {"$lit"})
 
 
 def _key(body: bytes) -> str:
@@ -43,13 +44,13 @@ class _Packer:
     def pack(self, value: Any) -> Any:
         if isinstance(value, list):
             if len(value) > CHUNK:
-                chunks = [self.pack(value[i:i + CHUNK]) for i in range(0, len(value), CHUNK)]
-                return {"$chunks": [c["$blob"] if isinstance(c, dict) and "$blob" in c else self.blob(c)["$blob"]
-                                    for c in chunks]}
+                full = len(value) - len(value) % CHUNK
+                keys = [self.blob([self.pack(v) for v in value[i:i + CHUNK]])["$blob"] for i in range(0, full, CHUNK)]
+                return {"$chunks": keys, "$tail": [self.pack(v) for v in value[full:]]}
             packed: Any = [self.pack(v) for v in value]
         elif isinstance(value, dict):
             packed = {k: self.pack(v) for k, v in value.items()}
-            if len(value) == 1 and next(iter(value)) in _MARKERS:
+            if set(value) in _MARKER_SHAPES:  # user data that looks like a marker is wrapped, not read as one
                 packed = {"$lit": packed}
         elif isinstance(value, str) and len(value) >= INLINE_BYTES:
             return self.blob(value)
@@ -78,8 +79,9 @@ def decode_checkpoint(skeleton: bytes, fetch: Callable[[Iterable[str]], Mapping[
         if isinstance(value, dict):
             if set(value) == {"$blob"}:
                 out.add(value["$blob"])
-            elif set(value) == {"$chunks"}:
+            elif set(value) == {"$chunks", "$tail"}:
                 out.update(value["$chunks"])
+                refs(value["$tail"], out)
             elif set(value) == {"$lit"}:
                 for v in value["$lit"].values():
                     refs(v, out)
@@ -106,8 +108,9 @@ def decode_checkpoint(skeleton: bytes, fetch: Callable[[Iterable[str]], Mapping[
         if isinstance(value, dict):
             if set(value) == {"$blob"}:
                 return unpack(cache[value["$blob"]])
-            if set(value) == {"$chunks"}:
-                return [item for key in value["$chunks"] for item in unpack(cache[key])]
+            if set(value) == {"$chunks", "$tail"}:
+                items = [item for key in value["$chunks"] for item in unpack(cache[key])]
+                return items + [unpack(v) for v in value["$tail"]]
             if set(value) == {"$lit"}:
                 return {k: unpack(v) for k, v in value["$lit"].items()}
             return {k: unpack(v) for k, v in value.items()}
