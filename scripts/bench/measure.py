@@ -243,6 +243,12 @@ def s4_windows(iterations: int) -> tuple[Window, Window]:
     return early, late
 
 
+def s4_steady_window(iterations: int) -> Window:
+    """The 10 iterations before the last one: late in the run, but without the run's final commit
+    (its end-of-run status and checkpoint), which the late window above also counts."""
+    return Window(max(1, iterations - S4_WINDOW), iterations - 1)
+
+
 def window_bytes_per_transition(
     before_iteration: Mapping[int, int], window: Window, transitions_per_iteration: int
 ) -> float:
@@ -265,9 +271,12 @@ def s4_metrics(before_iteration: Mapping[int, int], iterations: int, transitions
                elapsed: Stopwatch) -> dict[str, float]:
     """The figures every system reports for S4, from its footprint samples and its stopwatch."""
     early, late = s4_windows(iterations)
+    steady = s4_steady_window(iterations)
     return {
         "bytes_per_transition_early": window_bytes_per_transition(before_iteration, early, transitions_per_iteration),
         "bytes_per_transition_late": window_bytes_per_transition(before_iteration, late, transitions_per_iteration),
+        "bytes_per_transition_late_steady": window_bytes_per_transition(
+            before_iteration, steady, transitions_per_iteration),
         "us_per_transition": elapsed.us / (iterations * transitions_per_iteration),
         "total_ms": elapsed.ms,
     }

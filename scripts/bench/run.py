@@ -131,6 +131,11 @@ def metric_specs(case: Case) -> list[MetricSpec]:
             "bytes_per_transition_late",
             f"bytes/transition @ iter {iterations} (iters {late.first}-{late.last})",
         ),
+        MetricSpec(
+            "bytes_per_transition_late_steady",
+            f"  same, iters {measure.s4_steady_window(iterations).first}-{measure.s4_steady_window(iterations).last}"
+            " (without the run's final commit)",
+        ),
         MetricSpec("us_per_transition", "us/transition"),
         MetricSpec("total_ms", "total ms"),
     ]
