@@ -190,14 +190,6 @@ Event = (
     | AgentError | AgentComplete
 )
 
-EVENT_TYPES: dict[str, type[BaseEvent]] = {
-    str(cls.__struct_config__.tag): cls
-    for cls in (FlowStart, FlowPaused, FlowResumed, FlowWaiting, FlowComplete, NodeStart, NodeComplete,
-                NodeError, NodeSkipped, NodeWaiting, EdgeFire, EdgeSkip, LoopIterate, LoopExhausted,
-                StatePatch, CommandReceived, InboxConsumed, AgentStart, AgentThinkingDelta,
-                AgentTextDelta, AgentThinking, AgentText, AgentTool, AgentError, AgentComplete)
-}
-
 encoder = msgspec.json.Encoder()
 decoder: msgspec.json.Decoder[Event] = msgspec.json.Decoder(Event)
 

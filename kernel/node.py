@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -145,12 +144,14 @@ class NodeContext:
         draft.runId = self.run_id
         await self._shell.submit_durable(draft)
 
-    def patch_state(self, op: str, path: str, value: Any) -> None:
-        """Change the run's state (``set``, ``merge`` or ``append`` at a dotted path)."""
+    def patch_state(self, op: str, path: str, value: Any) -> dict[str, Any]:
+        """Change the run's state (``set``, ``merge`` or ``append`` at a dotted path); returns the
+        state as it will be once the patch is applied."""
         if op not in OPS:
             raise NodeFailure(f"unknown state op {op!r}; use one of {', '.join(OPS)}", "state_error")
-        apply_patch(self.state, op, path, value)  # raises NodeFailure now rather than at apply time
+        patched = apply_patch(self.state, op, path, value)  # raises NodeFailure now, not at apply time
         self.emit(StatePatch(op=op, path=path, value=value))
+        return patched
 
     def inbox(self) -> list[InboxMessage]:
         """Messages delivered to this node run and not yet consumed."""
@@ -174,5 +175,3 @@ class NodeContext:
         """Why the run is stopping (``pause``, ``abort``, ``failed``), once it is; else None."""
         return self._shell.stop_reason
 
-
-FunctionType = Callable[..., Any] | Callable[..., Awaitable[Any]]

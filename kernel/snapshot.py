@@ -53,19 +53,3 @@ class RunSnapshot(msgspec.Struct, kw_only=True):
     error: str | None = None
     parentRunId: str | None = None
     parentNodeRunId: str | None = None
-
-
-_encoder = msgspec.json.Encoder()
-_decoder = msgspec.json.Decoder(RunSnapshot)
-
-
-def encode_snapshot(snapshot: RunSnapshot) -> bytes:
-    return _encoder.encode(snapshot)
-
-
-def decode_snapshot(data: bytes | str) -> RunSnapshot:
-    return _decoder.decode(data)
-
-
-TERMINAL_RUN = frozenset({"completed", "aborted"})
-FINISHED_NODE = frozenset({"done", "failed", "skipped"})

@@ -7,7 +7,7 @@ from typing import Any
 from kernel.errors import ExpressionError, NodeFailure, Problem
 from kernel.expressions import Expr, compile_expr, strip_braces
 from kernel.node import NodeContext
-from kernel.state_ops import OPS, apply_patch, get_path
+from kernel.state_ops import OPS, get_path
 
 
 class NoopNode:
@@ -82,6 +82,4 @@ class StateSetNode:
         op = str(data.get("op", "set"))
         if not isinstance(path, str):
             raise NodeFailure("state.set needs a dotted `path` string", "invalid_input")
-        new_state = apply_patch(ctx.state, op, path, data.get("value"))
-        ctx.patch_state(op, path, data.get("value"))
-        return get_path(new_state, path)
+        return get_path(ctx.patch_state(op, path, data.get("value")), path)
