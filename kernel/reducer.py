@@ -5,6 +5,9 @@ no random ids: ids and timestamps arrive in the event. Folding a run's stored ev
 ``apply`` therefore rebuilds its snapshot exactly, at any past ``seq`` (see ``fold``).
 
 ``apply`` never mutates its arguments: it copies the maps it changes (structural sharing for the rest).
+``apply(..., owned=True)`` changes the snapshot's own maps in place instead, for a caller that holds
+the only reference to them (the run shell): copying a 1,000-entry status map on every event would
+make a step cost in proportion to the flow's size. Both modes give equal snapshots.
 """
 
 from __future__ import annotations
@@ -54,36 +57,62 @@ def initial_snapshot(flow: CompiledFlow, start: FlowStart) -> RunSnapshot:
 
 
 def fold(flow: CompiledFlow, events: Iterable[BaseEvent], snapshot: RunSnapshot | None = None) -> RunSnapshot:
-    """Fold events into a snapshot; starts from ``flow:start`` when ``snapshot`` is None."""
-    snap = snapshot
+    """Fold events into a snapshot; starts from ``flow:start`` when ``snapshot`` is None.
+
+    ``snapshot`` is left as it is: the fold works on a copy of its maps.
+    """
+    snap = None if snapshot is None else own(snapshot)
     for ev in events:
         if snap is None:
             if not isinstance(ev, FlowStart):
                 raise ValueError(f"a run's first event must be flow:start, not {ev.type}")
             snap = initial_snapshot(flow, ev)
             continue
-        snap, _ = apply(flow, snap, ev)
+        snap, _ = apply(flow, snap, ev, owned=True)
     if snap is None:
         raise ValueError("no events to fold")
     return snap
 
 
-def apply(flow: CompiledFlow, snap: RunSnapshot, ev: BaseEvent) -> tuple[RunSnapshot, frozenset[str]]:
-    """The next snapshot, and the node ids whose scheduling may have changed (``ALL`` for all)."""
+def own(snap: RunSnapshot) -> RunSnapshot:
+    """A snapshot equal to ``snap`` whose maps are new: ``apply(..., owned=True)`` may change them."""
+    return replace(
+        snap, outputs=dict(snap.outputs), nodeStatus=dict(snap.nodeStatus), edgeStatus=dict(snap.edgeStatus),
+        loopCounters=dict(snap.loopCounters), inbox=dict(snap.inbox), agentSessions=dict(snap.agentSessions),
+        nodeRuns=dict(snap.nodeRuns), attempts=dict(snap.attempts), faults=dict(snap.faults),
+        waiting=dict(snap.waiting), resumedFrom=dict(snap.resumedFrom),
+        forEach={n: replace(fe, running=dict(fe.running)) for n, fe in snap.forEach.items()},
+    )
+
+
+def apply(flow: CompiledFlow, snap: RunSnapshot, ev: BaseEvent, *,
+          owned: bool = False) -> tuple[RunSnapshot, frozenset[str]]:
+    """The next snapshot, and the node ids whose scheduling may have changed (``ALL`` for all).
+
+    ``owned``: the caller holds the only reference to ``snap``'s maps, so they may be changed in
+    place (``snap`` itself must not be used afterwards).
+    """
     handler = _HANDLERS.get(type(ev))
     if handler is None:
-        return replace(snap, seq=ev.seq), frozenset()
-    result: tuple[RunSnapshot, frozenset[str]] = handler(flow, snap, ev)
+        return replace(snap, seq=ev.seq), _NONE
+    result: tuple[RunSnapshot, frozenset[str]] = handler(flow, snap, ev, owned)
     return result
 
 
-def _set(d: dict[str, Any], key: str, value: Any) -> dict[str, Any]:
-    out = dict(d)
+_NONE: frozenset[str] = frozenset()
+
+
+def _set(o: bool, d: dict[str, Any], key: str, value: Any) -> dict[str, Any]:
+    out = d if o else dict(d)
     out[key] = value
     return out
 
 
-def _drop(d: dict[str, Any], *keys: str) -> dict[str, Any]:
+def _drop(o: bool, d: dict[str, Any], *keys: str) -> dict[str, Any]:
+    if o:
+        for k in keys:
+            d.pop(k, None)
+        return d
     if not any(k in d for k in keys):
         return d
     return {k: v for k, v in d.items() if k not in keys}
@@ -99,86 +128,86 @@ def _node_of_run(snap: RunSnapshot, run_id: str) -> str | None:
     return None
 
 
-def _node_start(flow: CompiledFlow, s: RunSnapshot, ev: NodeStart) -> tuple[RunSnapshot, frozenset[str]]:
+def _node_start(flow: CompiledFlow, s: RunSnapshot, ev: NodeStart, o: bool) -> tuple[RunSnapshot, frozenset[str]]:
     n = ev.nodeId or ""
     run_id = ev.runId or ""
     if ev.item is not None:
         fe = s.forEach[n]
-        fe = replace(fe, running=_set(fe.running, str(ev.item), run_id))
-        return replace(s, seq=ev.seq, forEach=_set(s.forEach, n, fe)), frozenset({n})
+        fe = replace(fe, running=_set(o, fe.running, str(ev.item), run_id))
+        return replace(s, seq=ev.seq, forEach=_set(o, s.forEach, n, fe)), frozenset({n})
     inbox = s.inbox
     if ev.resumedFrom is not None and ev.resumedFrom in inbox:
-        inbox = _drop(_set(inbox, run_id, [*inbox.get(run_id, []), *inbox[ev.resumedFrom]]), ev.resumedFrom)
+        inbox = _drop(o, _set(o, inbox, run_id, [*inbox.get(run_id, []), *inbox[ev.resumedFrom]]), ev.resumedFrom)
     return replace(
-        s, seq=ev.seq, nodeStatus=_set(s.nodeStatus, n, "running"), nodeRuns=_set(s.nodeRuns, n, run_id),
-        attempts=_set(s.attempts, n, ev.attempt), inbox=inbox, waiting=_drop(s.waiting, n),
-        resumedFrom=_drop(s.resumedFrom, n),
+        s, seq=ev.seq, nodeStatus=_set(o, s.nodeStatus, n, "running"), nodeRuns=_set(o, s.nodeRuns, n, run_id),
+        attempts=_set(o, s.attempts, n, ev.attempt), inbox=inbox, waiting=_drop(o, s.waiting, n),
+        resumedFrom=_drop(o, s.resumedFrom, n),
     ), frozenset({n})
 
 
-def _item_result(s: RunSnapshot, n: str, item: int, result: dict[str, Any]) -> RunSnapshot:
+def _item_result(s: RunSnapshot, n: str, item: int, result: dict[str, Any], o: bool) -> RunSnapshot:
     fe = s.forEach[n]
     results = list(fe.results)
     results[item] = {"item": fe.items[item], **result}
-    fe = ForEachState(items=fe.items, results=results, running=_drop(fe.running, str(item)))
-    return replace(s, forEach=_set(s.forEach, n, fe))
+    fe = ForEachState(items=fe.items, results=results, running=_drop(o, fe.running, str(item)))
+    return replace(s, forEach=_set(o, s.forEach, n, fe))
 
 
-def _node_complete(flow: CompiledFlow, s: RunSnapshot, ev: NodeComplete) -> tuple[RunSnapshot, frozenset[str]]:
+def _node_complete(flow: CompiledFlow, s: RunSnapshot, ev: NodeComplete, o: bool) -> tuple[RunSnapshot, frozenset[str]]:
     n = ev.nodeId or ""
     if ev.item is not None:
-        s = _item_result(s, n, ev.item, {"output": ev.output})
-        return replace(s, seq=ev.seq, inbox=_drop(s.inbox, ev.runId or "")), frozenset({n})
+        s = _item_result(s, n, ev.item, {"output": ev.output}, o)
+        return replace(s, seq=ev.seq, inbox=_drop(o, s.inbox, ev.runId or "")), frozenset({n})
     return replace(
-        s, seq=ev.seq, nodeStatus=_set(s.nodeStatus, n, "done"), outputs=_set(s.outputs, n, ev.output),
-        inbox=_drop(s.inbox, ev.runId or ""), faults=_drop(s.faults, n), waiting=_drop(s.waiting, n),
-        forEach=_drop(s.forEach, n),
+        s, seq=ev.seq, nodeStatus=_set(o, s.nodeStatus, n, "done"), outputs=_set(o, s.outputs, n, ev.output),
+        inbox=_drop(o, s.inbox, ev.runId or ""), faults=_drop(o, s.faults, n), waiting=_drop(o, s.waiting, n),
+        forEach=_drop(o, s.forEach, n),
     ), frozenset({n})
 
 
-def _node_error(flow: CompiledFlow, s: RunSnapshot, ev: NodeError) -> tuple[RunSnapshot, frozenset[str]]:
+def _node_error(flow: CompiledFlow, s: RunSnapshot, ev: NodeError, o: bool) -> tuple[RunSnapshot, frozenset[str]]:
     n = ev.nodeId or ""
     if ev.willRetry:
         return replace(s, seq=ev.seq), frozenset()
     if ev.item is not None:
-        s = _item_result(s, n, ev.item, {"error": ev.message})
-        return replace(s, seq=ev.seq, inbox=_drop(s.inbox, ev.runId or "")), frozenset({n})
+        s = _item_result(s, n, ev.item, {"error": ev.message}, o)
+        return replace(s, seq=ev.seq, inbox=_drop(o, s.inbox, ev.runId or "")), frozenset({n})
     fault = NodeFault(errorType=ev.errorType, message=ev.message, runId=ev.runId)
     return replace(
-        s, seq=ev.seq, nodeStatus=_set(s.nodeStatus, n, "failed"), faults=_set(s.faults, n, fault),
-        inbox=_drop(s.inbox, ev.runId or ""), waiting=_drop(s.waiting, n),
+        s, seq=ev.seq, nodeStatus=_set(o, s.nodeStatus, n, "failed"), faults=_set(o, s.faults, n, fault),
+        inbox=_drop(o, s.inbox, ev.runId or ""), waiting=_drop(o, s.waiting, n),
     ), frozenset({n})
 
 
-def _node_skipped(flow: CompiledFlow, s: RunSnapshot, ev: NodeSkipped) -> tuple[RunSnapshot, frozenset[str]]:
+def _node_skipped(flow: CompiledFlow, s: RunSnapshot, ev: NodeSkipped, o: bool) -> tuple[RunSnapshot, frozenset[str]]:
     n = ev.nodeId or ""
     if ev.item is not None:
-        s = _item_result(s, n, ev.item, {"skipped": True})
+        s = _item_result(s, n, ev.item, {"skipped": True}, o)
         return replace(s, seq=ev.seq), frozenset({n})
-    return replace(s, seq=ev.seq, nodeStatus=_set(s.nodeStatus, n, "skipped")), frozenset({n})
+    return replace(s, seq=ev.seq, nodeStatus=_set(o, s.nodeStatus, n, "skipped")), frozenset({n})
 
 
-def _node_waiting(flow: CompiledFlow, s: RunSnapshot, ev: NodeWaiting) -> tuple[RunSnapshot, frozenset[str]]:
+def _node_waiting(flow: CompiledFlow, s: RunSnapshot, ev: NodeWaiting, o: bool) -> tuple[RunSnapshot, frozenset[str]]:
     n = ev.nodeId or ""
     w = Waiting(runId=ev.runId or "", prompt=ev.prompt, schema=ev.schema)
-    return replace(s, seq=ev.seq, nodeStatus=_set(s.nodeStatus, n, "waiting"),
-                   waiting=_set(s.waiting, n, w)), frozenset({n})
+    return replace(s, seq=ev.seq, nodeStatus=_set(o, s.nodeStatus, n, "waiting"),
+                   waiting=_set(o, s.waiting, n, w)), frozenset({n})
 
 
-def _edge_fire(flow: CompiledFlow, s: RunSnapshot, ev: EdgeFire) -> tuple[RunSnapshot, frozenset[str]]:
+def _edge_fire(flow: CompiledFlow, s: RunSnapshot, ev: EdgeFire, o: bool) -> tuple[RunSnapshot, frozenset[str]]:
     for_each = s.forEach
     if ev.items is not None:
-        for_each = _set(for_each, ev.to, ForEachState(items=ev.items, results=[None] * len(ev.items)))
-    return replace(s, seq=ev.seq, edgeStatus=_set(s.edgeStatus, ev.edgeId, "fired"),
+        for_each = _set(o, for_each, ev.to, ForEachState(items=ev.items, results=[None] * len(ev.items)))
+    return replace(s, seq=ev.seq, edgeStatus=_set(o, s.edgeStatus, ev.edgeId, "fired"),
                    forEach=for_each), frozenset({ev.from_, ev.to})
 
 
-def _edge_skip(flow: CompiledFlow, s: RunSnapshot, ev: EdgeSkip) -> tuple[RunSnapshot, frozenset[str]]:
-    return replace(s, seq=ev.seq, edgeStatus=_set(s.edgeStatus, ev.edgeId, "skipped")), \
+def _edge_skip(flow: CompiledFlow, s: RunSnapshot, ev: EdgeSkip, o: bool) -> tuple[RunSnapshot, frozenset[str]]:
+    return replace(s, seq=ev.seq, edgeStatus=_set(o, s.edgeStatus, ev.edgeId, "skipped")), \
         frozenset({ev.from_, ev.to})
 
 
-def _loop_iterate(flow: CompiledFlow, s: RunSnapshot, ev: LoopIterate) -> tuple[RunSnapshot, frozenset[str]]:
+def _loop_iterate(flow: CompiledFlow, s: RunSnapshot, ev: LoopIterate, o: bool) -> tuple[RunSnapshot, frozenset[str]]:
     reset = flow.reset_sets[ev.edgeId]
     node_status = dict(s.nodeStatus)
     edge_status = dict(s.edgeStatus)
@@ -188,49 +217,49 @@ def _loop_iterate(flow: CompiledFlow, s: RunSnapshot, ev: LoopIterate) -> tuple[
             edge_status[e] = "pending"
     return replace(
         s, seq=ev.seq, nodeStatus=node_status, edgeStatus=edge_status,
-        loopCounters=_set(s.loopCounters, ev.edgeId, ev.iteration),
-        forEach=_drop(s.forEach, *reset), faults=_drop(s.faults, *reset), waiting=_drop(s.waiting, *reset),
-        attempts=_drop(s.attempts, *reset),
+        loopCounters=_set(o, s.loopCounters, ev.edgeId, ev.iteration),
+        forEach=_drop(o, s.forEach, *reset), faults=_drop(o, s.faults, *reset), waiting=_drop(o, s.waiting, *reset),
+        attempts=_drop(o, s.attempts, *reset),
     ), frozenset({*reset, flow.edges[ev.edgeId].source})
 
 
-def _loop_exhausted(flow: CompiledFlow, s: RunSnapshot, ev: LoopExhausted) -> tuple[RunSnapshot, frozenset[str]]:
+def _loop_exhausted(flow: CompiledFlow, s: RunSnapshot, ev: LoopExhausted, o: bool) -> tuple[RunSnapshot, frozenset[str]]:
     return replace(s, seq=ev.seq), frozenset({flow.edges[ev.edgeId].source})
 
 
-def _state_patch(flow: CompiledFlow, s: RunSnapshot, ev: StatePatch) -> tuple[RunSnapshot, frozenset[str]]:
+def _state_patch(flow: CompiledFlow, s: RunSnapshot, ev: StatePatch, o: bool) -> tuple[RunSnapshot, frozenset[str]]:
     return replace(s, seq=ev.seq, state=apply_patch(s.state, ev.op, ev.path, ev.value)), frozenset()
 
 
-def _command(flow: CompiledFlow, s: RunSnapshot, ev: CommandReceived) -> tuple[RunSnapshot, frozenset[str]]:
+def _command(flow: CompiledFlow, s: RunSnapshot, ev: CommandReceived, o: bool) -> tuple[RunSnapshot, frozenset[str]]:
     if not ev.accepted or ev.command not in ("send", "reply") or ev.target is None:
         return replace(s, seq=ev.seq), frozenset()
     msg = InboxMessage(kind=ev.command, content=ev.content, seq=ev.seq)
-    inbox = _set(s.inbox, ev.target, [*s.inbox.get(ev.target, []), msg])
+    inbox = _set(o, s.inbox, ev.target, [*s.inbox.get(ev.target, []), msg])
     node = _node_of_run(s, ev.target)
     return replace(s, seq=ev.seq, inbox=inbox), frozenset({node} if node else ())
 
 
-def _inbox_consumed(flow: CompiledFlow, s: RunSnapshot, ev: InboxConsumed) -> tuple[RunSnapshot, frozenset[str]]:
+def _inbox_consumed(flow: CompiledFlow, s: RunSnapshot, ev: InboxConsumed, o: bool) -> tuple[RunSnapshot, frozenset[str]]:
     run_id = ev.runId or ""
     rest = s.inbox.get(run_id, [])[ev.count:]
-    inbox = _set(s.inbox, run_id, rest) if rest else _drop(s.inbox, run_id)
+    inbox = _set(o, s.inbox, run_id, rest) if rest else _drop(o, s.inbox, run_id)
     return replace(s, seq=ev.seq, inbox=inbox), frozenset()
 
 
-def _flow_paused(flow: CompiledFlow, s: RunSnapshot, ev: FlowPaused) -> tuple[RunSnapshot, frozenset[str]]:
+def _flow_paused(flow: CompiledFlow, s: RunSnapshot, ev: FlowPaused, o: bool) -> tuple[RunSnapshot, frozenset[str]]:
     return replace(s, seq=ev.seq, status="paused"), frozenset()
 
 
-def _flow_waiting(flow: CompiledFlow, s: RunSnapshot, ev: FlowWaiting) -> tuple[RunSnapshot, frozenset[str]]:
+def _flow_waiting(flow: CompiledFlow, s: RunSnapshot, ev: FlowWaiting, o: bool) -> tuple[RunSnapshot, frozenset[str]]:
     return replace(s, seq=ev.seq, status="waiting"), frozenset()
 
 
-def _flow_complete(flow: CompiledFlow, s: RunSnapshot, ev: FlowComplete) -> tuple[RunSnapshot, frozenset[str]]:
+def _flow_complete(flow: CompiledFlow, s: RunSnapshot, ev: FlowComplete, o: bool) -> tuple[RunSnapshot, frozenset[str]]:
     return replace(s, seq=ev.seq, status=ev.status, error=ev.error), frozenset()
 
 
-def _flow_resumed(flow: CompiledFlow, s: RunSnapshot, ev: FlowResumed) -> tuple[RunSnapshot, frozenset[str]]:
+def _flow_resumed(flow: CompiledFlow, s: RunSnapshot, ev: FlowResumed, o: bool) -> tuple[RunSnapshot, frozenset[str]]:
     """Node runs that were running when the run stopped are interrupted: they start again, and the
     resume message goes to each of them. With ``retry``, failed nodes start again too."""
     node_status = dict(s.nodeStatus)
@@ -270,11 +299,11 @@ def _flow_resumed(flow: CompiledFlow, s: RunSnapshot, ev: FlowResumed) -> tuple[
                    inbox=inbox, faults=faults, attempts=attempts, forEach=for_each), ALL
 
 
-def _agent_start(flow: CompiledFlow, s: RunSnapshot, ev: AgentStart) -> tuple[RunSnapshot, frozenset[str]]:
-    return replace(s, seq=ev.seq, agentSessions=_set(s.agentSessions, ev.nodeId or "", ev.sessionId)), frozenset()
+def _agent_start(flow: CompiledFlow, s: RunSnapshot, ev: AgentStart, o: bool) -> tuple[RunSnapshot, frozenset[str]]:
+    return replace(s, seq=ev.seq, agentSessions=_set(o, s.agentSessions, ev.nodeId or "", ev.sessionId)), frozenset()
 
 
-def _flow_start(flow: CompiledFlow, s: RunSnapshot, ev: FlowStart) -> tuple[RunSnapshot, frozenset[str]]:
+def _flow_start(flow: CompiledFlow, s: RunSnapshot, ev: FlowStart, o: bool) -> tuple[RunSnapshot, frozenset[str]]:
     return initial_snapshot(flow, ev), ALL
 
 

@@ -44,7 +44,7 @@ from kernel.events import (
 )
 from kernel.ids import new_node_run_id, now_ms
 from kernel.node import Interrupted, NodeContext, WaitFor
-from kernel.reducer import ALL, apply
+from kernel.reducer import ALL, apply, own
 from kernel.registry import Registry
 from kernel.scheduling import decide
 from kernel.snapshot import InboxMessage, RunSnapshot
@@ -97,7 +97,7 @@ class RunExecution:
         self.flow = flow
         self.registry = registry
         self.store = store
-        self.snap = snapshot
+        self.snap = own(snapshot)  # applied in place from here on: nobody else holds its maps
         self._services = services or {}
         self._listeners = listeners or []
         self._send: MemoryObjectSendStream[_Message]
@@ -284,7 +284,7 @@ class RunExecution:
             raise
         event = decode(body)
         try:
-            self.snap, touched = apply(self.flow, self.snap, event)
+            self.snap, touched = apply(self.flow, self.snap, event, owned=True)
         except NodeFailure as exc:
             if isinstance(event, StatePatch):
                 print(f"flowkernel: dropped state patch from {event.nodeId}: {exc}", file=sys.stderr)

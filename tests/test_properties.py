@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -42,7 +43,7 @@ from kernel.events import (
     NodeSkipped,
     NodeStart,
 )
-from kernel.reducer import fold, initial_snapshot
+from kernel.reducer import apply, fold, initial_snapshot
 from kernel.registry import Registry, default_registry
 from kernel.scheduling import decide
 from kernel.snapshot import ForEachState, RunSnapshot
@@ -314,6 +315,24 @@ def test_generated_flows_cover_the_rules() -> None:
     observe()
     assert seen >= {"skipped:edge", "skipped:when", "forEach item", "loop:iterate", "loop:exhausted",
                     "run completed", "run failed", "node:error", "any join ran", "sqlite"}
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
+@given(cases())
+def test_pure_apply_leaves_every_earlier_snapshot_as_it_was_and_agrees_with_the_in_place_fold(case: Case) -> None:
+    # The shell applies events to maps it owns, in place; everyone else (time travel, audits, tests)
+    # gets the pure reducer, which must never change a snapshot it was given.
+    outcome = _execute(case)
+    first = outcome.events[0]
+    assert isinstance(first, FlowStart)
+    snap = initial_snapshot(outcome.flow, first)
+    seen: list[tuple[RunSnapshot, bytes]] = [(snap, msgspec.json.encode(snap))]
+    for ev in outcome.events[1:]:
+        snap, _ = apply(outcome.flow, snap, ev)
+        seen.append((snap, msgspec.json.encode(snap)))
+    for i, (earlier, encoded) in enumerate(seen):
+        assert msgspec.json.encode(earlier) == encoded, f"applying later events changed the snapshot at seq {i + 1}"
+    assert snap == fold(outcome.flow, outcome.events) == outcome.final
 
 
 # -- regressions the properties found (shrunk by hypothesis) ---------------------------------------
