@@ -108,6 +108,11 @@ class _List:
         return [t.render(context, variables) for t in self.items]
 
 
+def is_constant(template: Template) -> bool:
+    """Whether ``template`` renders the same value whatever the context (it has no ``{{ }}``)."""
+    return isinstance(template, _Const)
+
+
 def compile_template(value: Any, path: str, problems: list[Problem]) -> Template:
     """Compile every ``{{ }}`` in a JSON value. A string that is one whole binding keeps its type."""
     if isinstance(value, str):
@@ -187,7 +192,8 @@ class _Any:
         return any(p.holds(context, variables) for p in self.parts)
 
 
-_ALWAYS = _All(())
+ALWAYS: Condition = _All(())  # no ``when``: holds without looking at any context
+_ALWAYS = ALWAYS
 
 
 def truthy(value: Any) -> bool:

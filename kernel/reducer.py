@@ -138,11 +138,12 @@ def _node_start(flow: CompiledFlow, s: RunSnapshot, ev: NodeStart, o: bool) -> t
     inbox = s.inbox
     if ev.resumedFrom is not None and ev.resumedFrom in inbox:
         inbox = _drop(o, _set(o, inbox, run_id, [*inbox.get(run_id, []), *inbox[ev.resumedFrom]]), ev.resumedFrom)
+    # A plain node that starts changes no other node's prospects; a forEach group must start its items.
     return replace(
         s, seq=ev.seq, nodeStatus=_set(o, s.nodeStatus, n, "running"), nodeRuns=_set(o, s.nodeRuns, n, run_id),
         attempts=_set(o, s.attempts, n, ev.attempt), inbox=inbox, waiting=_drop(o, s.waiting, n),
         resumedFrom=_drop(o, s.resumedFrom, n),
-    ), frozenset({n})
+    ), frozenset({n}) if n in s.forEach else _NONE
 
 
 def _item_result(s: RunSnapshot, n: str, item: int, result: dict[str, Any], o: bool) -> RunSnapshot:

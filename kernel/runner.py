@@ -332,6 +332,8 @@ class RunExecution:
                     self._to_launch.append(s)
                 else:
                     self._active.pop(key, None)
+            if not self._dirty and self._active:
+                break  # nothing to look at again, and the run cannot end with node runs in flight
         self._commit()
         launch, self._to_launch = self._to_launch, []
         if self.snap.status == "running" and self._tg is not None:

@@ -27,7 +27,10 @@ from kernel.events import (
     NodeSkipped,
     NodeStart,
 )
+from kernel.expressions import ALWAYS, is_constant
 from kernel.snapshot import ForEachState, RunSnapshot
+
+EMPTY: Mapping[str, Any] = {}
 
 
 @dataclass(slots=True)
@@ -62,6 +65,22 @@ def running_count(snap: RunSnapshot) -> int:
     return count
 
 
+class _Context:
+    """The binding context, built on first use: most edges and inputs never look at it, and building
+    it copies every node's output."""
+
+    __slots__ = ("_snap", "_value")
+
+    def __init__(self, snap: RunSnapshot) -> None:
+        self._snap = snap
+        self._value: dict[str, Any] | None = None
+
+    def get(self) -> dict[str, Any]:
+        if self._value is None:
+            self._value = binding_context(self._snap)
+        return self._value
+
+
 def decide(flow: CompiledFlow, snap: RunSnapshot, candidates: Iterable[str], running: int,
            finish: bool = True) -> Decision:
     """Drafts for what must happen next. ``running`` is the number of node runs in flight."""
@@ -69,14 +88,15 @@ def decide(flow: CompiledFlow, snap: RunSnapshot, candidates: Iterable[str], run
         return Decision()
     decision = Decision()
     capacity = flow.max_concurrency - running
-    ctx: dict[str, Any] | None = None
-    order = sorted({c for c in candidates if c in flow.nodes}, key=lambda n: flow.nodes[n].index)
+    ctx = _Context(snap)
+    nodes = flow.nodes
+    order = [c for c in candidates if c in nodes]
+    if len(order) > 1:
+        order = sorted(set(order), key=lambda n: nodes[n].index)
     for pos, n in enumerate(order):
         st = snap.nodeStatus[n]
-        node = flow.nodes[n]
+        node = nodes[n]
         if st in ("done", "skipped") or (st == "failed" and node.policy.continueOnError):
-            if ctx is None:
-                ctx = binding_context(snap)
             stop = _decide_edges(flow, snap, n, ctx, decision)
             if stop:  # a loop reset part of the graph: decide the rest again on the new snapshot
                 decision.deferred.update(order[pos:])
@@ -96,13 +116,9 @@ def decide(flow: CompiledFlow, snap: RunSnapshot, candidates: Iterable[str], run
             if capacity <= 0 and n not in flow.for_each_into:
                 decision.deferred.add(n)
                 continue
-            if ctx is None:
-                ctx = binding_context(snap)
             capacity -= _start(flow, snap, node, ctx, decision)
         elif st == "running" and n in snap.forEach:
-            if ctx is None:
-                ctx = binding_context(snap)
-            capacity -= _advance_for_each(flow, snap, node, ctx, capacity, decision)
+            capacity -= _advance_for_each(flow, snap, node, ctx.get(), capacity, decision)
         elif st == "waiting":
             w = snap.waiting.get(n)
             if w is not None and snap.inbox.get(w.runId):
@@ -111,14 +127,14 @@ def decide(flow: CompiledFlow, snap: RunSnapshot, candidates: Iterable[str], run
                     continue
                 capacity -= 1
                 decision.drafts.append(NodeStart(nodeId=n, attempt=snap.attempts.get(n, 1),
-                                                 input=_resolve(node, binding_context(snap)),
+                                                 input=_resolve(node, ctx.get()),
                                                  resumedFrom=w.runId))
     if finish and not decision.drafts and not decision.deferred and running == 0:
         _finish(flow, snap, decision)
     return decision
 
 
-def _decide_edges(flow: CompiledFlow, snap: RunSnapshot, n: str, ctx: dict[str, Any],
+def _decide_edges(flow: CompiledFlow, snap: RunSnapshot, n: str, ctx: _Context,
                   decision: Decision) -> bool:
     skipped = snap.nodeStatus[n] == "skipped"
     for eid in flow.outgoing[n]:
@@ -130,7 +146,7 @@ def _decide_edges(flow: CompiledFlow, snap: RunSnapshot, n: str, ctx: dict[str, 
             continue
         counter = snap.loopCounters.get(eid, 0)
         try:
-            fires = e.when.holds(ctx, {"iteration": counter} if e.is_loop else None)
+            fires = e.when is ALWAYS or e.when.holds(ctx.get(), {"iteration": counter} if e.is_loop else None)
         except ExpressionError as exc:
             decision.drafts.append(FlowComplete(status="failed", error=f"edge {eid!r}: when failed: {exc}"))
             return True
@@ -147,7 +163,7 @@ def _decide_edges(flow: CompiledFlow, snap: RunSnapshot, n: str, ctx: dict[str, 
                 return True
         elif e.for_each is not None:
             try:
-                items = e.for_each.evaluate(ctx)
+                items = e.for_each.evaluate(ctx.get())
             except ExpressionError as exc:
                 decision.drafts.append(FlowComplete(status="failed", error=f"edge {eid!r}: forEach.in failed: {exc}"))
                 return True
@@ -184,7 +200,7 @@ def _resolve(node: CompiledNode, ctx: Mapping[str, Any], variables: Mapping[str,
     return node.input.render(ctx, variables)
 
 
-def _start(flow: CompiledFlow, snap: RunSnapshot, node: CompiledNode, ctx: dict[str, Any],
+def _start(flow: CompiledFlow, snap: RunSnapshot, node: CompiledNode, ctx: _Context,
            decision: Decision) -> int:
     """Start a ready node (or skip it); returns the concurrency slots taken."""
     n = node.id
@@ -197,10 +213,10 @@ def _start(flow: CompiledFlow, snap: RunSnapshot, node: CompiledNode, ctx: dict[
                                          resumedFrom=resumed))
         return 0
     try:
-        if not node.when.holds(ctx):
+        if node.when is not ALWAYS and not node.when.holds(ctx.get()):
             decision.drafts.append(NodeSkipped(nodeId=n, reason="when"))
             return 0
-        value = _resolve(node, ctx)
+        value = node.input.render(EMPTY) if is_constant(node.input) else _resolve(node, ctx.get())
     except ExpressionError as exc:
         decision.drafts.append(NodeStart(nodeId=n, attempt=attempt, input=None, resumedFrom=resumed))
         decision.drafts.append(NodeError(nodeId=n, errorType="binding_error", message=str(exc), attempt=attempt))
