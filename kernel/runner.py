@@ -8,9 +8,9 @@ the node runs that were decided. Transitions that arrive together are committed 
 
 from __future__ import annotations
 
-import math
 import sys
 import time
+from collections import deque
 from collections.abc import Callable, Coroutine
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -20,13 +20,13 @@ import anyio
 import anyio.lowlevel
 import msgspec
 from anyio.abc import TaskGroup
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from kernel.checkpoint import encode_checkpoint
 from kernel.commands import Command, CommandOutcome, judge_command
 from kernel.compiler import CompiledFlow
 from kernel.errors import FlowkernelError, NodeFailure, StoreError
 from kernel.events import (
+    TAGS,
     BaseEvent,
     EdgeFire,
     EdgeSkip,
@@ -100,9 +100,9 @@ class RunExecution:
         self.snap = own(snapshot)  # applied in place from here on: nobody else holds its maps
         self._services = services or {}
         self._listeners = listeners or []
-        self._send: MemoryObjectSendStream[_Message]
-        self._recv: MemoryObjectReceiveStream[_Message]
-        self._send, self._recv = anyio.create_memory_object_stream[_Message](math.inf)
+        # What node runs and commands hand to the loop, in order; ``_wakeup`` is set while it waits.
+        self._queue: deque[_Message] = deque()
+        self._wakeup: anyio.Event | None = None
         self._rows: list[EventRow] = []
         self._applied: list[BaseEvent] = []
         self._waiters: list[_Durable] = []
@@ -136,12 +136,17 @@ class RunExecution:
     def current_inbox(self, run_id: str) -> list[InboxMessage]:
         return self.snap.inbox.get(run_id, [])
 
+    def _put(self, msg: _Message) -> None:
+        self._queue.append(msg)
+        if self._wakeup is not None:
+            self._wakeup.set()
+
     def submit(self, draft: BaseEvent) -> None:
-        self._send.send_nowait(draft)
+        self._put(draft)
 
     async def submit_durable(self, draft: BaseEvent) -> None:
         req = _Durable(draft)
-        self._send.send_nowait(req)
+        self._put(req)
         await req.done.wait()
         if req.error is not None:
             raise req.error
@@ -155,7 +160,7 @@ class RunExecution:
     def deliver(self, command: Command, command_id: int | None = None,
                 reply: Callable[[CommandOutcome], None] | None = None) -> None:
         """Hand a command to this execution (from this process or the store's command queue)."""
-        self._send.send_nowait(_Incoming(command, command_id, reply))
+        self._put(_Incoming(command, command_id, reply))
 
     # -- the loop ---------------------------------------------------------------------------
 
@@ -184,17 +189,13 @@ class RunExecution:
                     # Inline nodes never await: let the command poller and lease renewal run.
                     self._yielded = now
                     await anyio.lowlevel.checkpoint()
-                try:
-                    msg = self._recv.receive_nowait()
-                except anyio.WouldBlock:
-                    msg = await self._recv.receive()
+                if not self._queue:
+                    self._wakeup = anyio.Event()
+                    await self._wakeup.wait()
+                    self._wakeup = None
                     self._yielded = time.monotonic()
-                batch = [msg]
-                while True:
-                    try:
-                        batch.append(self._recv.receive_nowait())
-                    except anyio.WouldBlock:
-                        break
+                batch = list(self._queue)
+                self._queue.clear()
                 for m in batch:
                     self._handle(m)
                 await self._step()
@@ -202,7 +203,11 @@ class RunExecution:
         return self.snap
 
     def _handle(self, msg: _Message) -> None:
-        if isinstance(msg, _Durable):
+        if isinstance(msg, BaseEvent):
+            if msg.nodeId is not None and self._stale(msg):
+                return  # a node run that was cancelled (run stopped, loop reset): its late words change nothing
+            self._append(msg)
+        elif isinstance(msg, _Durable):
             if msg.draft.nodeId is not None and self._stale(msg.draft):
                 msg.error = anyio.get_cancelled_exc_class()()
                 msg.done.set()
@@ -218,12 +223,7 @@ class RunExecution:
             self._handle_command(msg)
         elif isinstance(msg, _Finished):
             self._active.pop((msg.node_id, msg.item), None)
-        elif isinstance(msg, _Wake):
-            pass
-        else:
-            if msg.nodeId is not None and self._stale(msg):
-                return  # a node run that was cancelled (run stopped, loop reset): its late words change nothing
-            self._append(msg)
+        # _Wake: nothing to apply; the loop looks at its state again
 
     def _stale(self, ev: BaseEvent) -> bool:
         """Whether a node's event comes from a node run that is no longer the live one."""
@@ -270,46 +270,58 @@ class RunExecution:
 
     def _append(self, draft: BaseEvent) -> BaseEvent:
         """Stamp, normalise (JSON round trip), apply and buffer one event."""
-        draft.seq = self.snap.seq + 1
+        snap = self.snap
+        draft.seq = snap.seq + 1
         draft.timestamp = now_ms()
-        draft.flowRunId = self.snap.runId
+        draft.flowRunId = snap.runId
         try:
             body = encode(draft)
         except (TypeError, msgspec.EncodeError) as exc:
             if isinstance(draft, NodeComplete):
                 draft = NodeError(nodeId=draft.nodeId, runId=draft.runId, item=draft.item,
                                   errorType="invalid_output", message=f"output is not JSON: {exc}",
-                                  attempt=self.snap.attempts.get(draft.nodeId or "", 1))
+                                  attempt=snap.attempts.get(draft.nodeId or "", 1))
                 return self._append(draft)
             raise
         event = decode(body)
         try:
-            self.snap, touched = apply(self.flow, self.snap, event, owned=True)
+            self.snap, touched = apply(self.flow, snap, event, owned=True)
         except NodeFailure as exc:
             if isinstance(event, StatePatch):
                 print(f"flowkernel: dropped state patch from {event.nodeId}: {exc}", file=sys.stderr)
                 return event
             raise
-        if touched is ALL:
-            self._dirty |= set(self.flow.nodes)
-        else:
-            self._dirty |= touched
-        if isinstance(event, LoopIterate):
-            self._cancel_nodes(self.flow.reset_sets[event.edgeId])
-        if isinstance(event, NodeComplete | NodeWaiting) or (isinstance(event, NodeError) and not event.willRetry):
-            self._active.pop(self._active_key(event), None)
-        if isinstance(event, NodeComplete | NodeSkipped) or (isinstance(event, NodeError) and not event.willRetry):
-            if event.item is None:
-                self._finished_at[event.nodeId or ""] = event.seq
-        elif isinstance(event, EdgeFire | EdgeSkip):
-            self._decided_at[event.edgeId] = event.seq
-        elif isinstance(event, LoopIterate):
-            for n in self.flow.reset_sets[event.edgeId]:
-                self._reset_at[n] = event.seq
-        self._rows.append((event.seq, event.type, event.nodeId, event.runId, event.timestamp, body))
+        if touched:
+            self._dirty |= set(self.flow.nodes) if touched is ALL else touched
+        after = _AFTER_APPLY.get(type(event))
+        if after is not None:
+            after(self, event)
+        self._rows.append((event.seq, TAGS[type(event)], event.nodeId, event.runId, event.timestamp, body))
         self._applied.append(event)
         self._bytes_since_checkpoint += len(body)
         return event
+
+    # What the shell keeps track of besides the snapshot: node runs in flight, and the last event of
+    # each kind of decision (what ``cause`` points at).
+
+    def _node_finished(self, ev: NodeComplete | NodeSkipped | NodeError | NodeWaiting) -> None:
+        if isinstance(ev, NodeError) and ev.willRetry:
+            return
+        if not isinstance(ev, NodeSkipped):
+            self._active.pop(self._active_key(ev), None)  # a skipped node never ran
+        if isinstance(ev, NodeWaiting):
+            return  # waits: it has not finished
+        if ev.item is None:
+            self._finished_at[ev.nodeId or ""] = ev.seq
+
+    def _edge_decided(self, ev: EdgeFire | EdgeSkip) -> None:
+        self._decided_at[ev.edgeId] = ev.seq
+
+    def _loop_reset(self, ev: LoopIterate) -> None:
+        reset = self.flow.reset_sets[ev.edgeId]
+        self._cancel_nodes(reset)
+        for n in reset:
+            self._reset_at[n] = ev.seq
 
     async def _step(self) -> None:
         while self.snap.status == "running":
@@ -419,7 +431,7 @@ class RunExecution:
         """Cooperative nodes get a grace period to finish their step on pause; then they are cancelled."""
         await anyio.sleep(float(self._services.get("pause_grace_s", PAUSE_GRACE_S)))
         self.stop_reason = "pause-timeout"
-        self._send.send_nowait(_Wake())
+        self._put(_Wake())
 
     def _cancel_nodes(self, nodes: tuple[str, ...]) -> None:
         """A loop reset these nodes: node runs of theirs still in flight are cancelled."""
@@ -483,13 +495,21 @@ class RunExecution:
                 continue
             duration = int((time.monotonic() - began) * 1000)
             if isinstance(result, Interrupted):
-                self._send.send_nowait(_Finished(node.id, start.item))
+                self._put(_Finished(node.id, start.item))
             elif isinstance(result, WaitFor):
                 self.submit(NodeWaiting(nodeId=node.id, runId=run_id, prompt=result.prompt, schema=result.schema))
             else:
                 self.submit(NodeComplete(nodeId=node.id, runId=run_id, item=start.item, output=result,
                                          durationMs=duration))
             return
+
+
+_AFTER_APPLY: dict[type[BaseEvent], Callable[[RunExecution, Any], None]] = {
+    NodeComplete: RunExecution._node_finished, NodeSkipped: RunExecution._node_finished,
+    NodeError: RunExecution._node_finished, NodeWaiting: RunExecution._node_finished,
+    EdgeFire: RunExecution._edge_decided, EdgeSkip: RunExecution._edge_decided,
+    LoopIterate: RunExecution._loop_reset,
+}
 
 
 def _describe(exc: Exception, timeout_ms: int | None) -> tuple[str, str]:
