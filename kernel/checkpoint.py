@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import msgspec
+from msgspec.structs import replace
 
 from kernel.snapshot import RunSnapshot
 
@@ -23,7 +24,9 @@ if TYPE_CHECKING:
 CHUNK = 64  # list items per chunk
 INLINE_BYTES = 512  # values smaller than this stay in the skeleton
 
-_encoder = msgspec.json.Encoder(order="deterministic")
+_encoder = msgspec.json.Encoder(order="deterministic")  # blobs: equal content, equal bytes, equal key
+_skeleton_encoder = msgspec.json.Encoder()  # the skeleton is not content-addressed: no sorting
+_PLAIN = (int, float, bool, type(None))
 _MARKER_SHAPES = ({"$blob"}, {"$chunks", "$tail"}, {"$lit"})
 
 
@@ -41,13 +44,18 @@ class _Packer:
         self.blobs[key] = body
         return {"$blob": key}
 
+    def items(self, values: list[Any]) -> list[Any]:
+        # Short strings and numbers are most list items: keep them without a call each.
+        return [v if type(v) in _PLAIN or (type(v) is str and len(v) < INLINE_BYTES) else self.pack(v)
+                for v in values]
+
     def pack(self, value: Any) -> Any:
         if isinstance(value, list):
             if len(value) > CHUNK:
                 full = len(value) - len(value) % CHUNK
-                keys = [self.blob([self.pack(v) for v in value[i:i + CHUNK]])["$blob"] for i in range(0, full, CHUNK)]
-                return {"$chunks": keys, "$tail": [self.pack(v) for v in value[full:]]}
-            packed: Any = [self.pack(v) for v in value]
+                keys = [self.blob(self.items(value[i:i + CHUNK]))["$blob"] for i in range(0, full, CHUNK)]
+                return {"$chunks": keys, "$tail": self.items(value[full:])}
+            packed: Any = self.items(value)
         elif isinstance(value, dict):
             packed = {k: self.pack(v) for k, v in value.items()}
             if set(value) in _MARKER_SHAPES:  # user data that looks like a marker is wrapped, not read as one
@@ -63,11 +71,10 @@ class _Packer:
 
 def encode_checkpoint(snapshot: RunSnapshot) -> tuple[bytes, dict[str, bytes]]:
     """The skeleton to store and the blobs it refers to (store them idempotently, by key)."""
-    data = msgspec.to_builtins(snapshot)
     packer = _Packer()
-    data["state"] = {k: packer.pack(v) for k, v in data["state"].items()}
-    data["outputs"] = {k: packer.pack(v) for k, v in data["outputs"].items()}
-    return _encoder.encode(data), packer.blobs
+    skeleton = replace(snapshot, state={k: packer.pack(v) for k, v in snapshot.state.items()},
+                       outputs={k: packer.pack(v) for k, v in snapshot.outputs.items()})
+    return _skeleton_encoder.encode(skeleton), packer.blobs
 
 
 def decode_checkpoint(skeleton: bytes, fetch: Callable[[Iterable[str]], Mapping[str, bytes]]) -> RunSnapshot:
