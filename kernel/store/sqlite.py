@@ -10,8 +10,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -80,27 +79,8 @@ class SqliteStore(SqlStore):
     def _lock_run_numbers(self, db: sqlite3.Connection) -> None:
         pass  # BEGIN IMMEDIATE already makes this the only writer
 
-    @contextmanager
-    def _tx(self, conflict: str | None = None, run: str = "") -> Iterator[sqlite3.Connection]:
-        with self._lock:
-            try:
-                self._db.execute("BEGIN IMMEDIATE")
-            except sqlite3.Error as exc:
-                raise self._error(exc) from None
-            try:
-                yield self._db
-            except BaseException as exc:
-                self._db.execute("ROLLBACK")
-                if isinstance(exc, sqlite3.IntegrityError) and conflict is not None:
-                    raise StoreError(conflict.format(location=self.location, run=run, detail=exc)) from None
-                if isinstance(exc, sqlite3.Error):
-                    raise self._error(exc) from None
-                raise
-            try:
-                self._db.execute("COMMIT")
-            except sqlite3.Error as exc:
-                self._db.execute("ROLLBACK")
-                raise self._error(exc) from None
+    def _tx(self, conflict: str | None = None, run: str = "") -> _Transaction:
+        return _Transaction(self, conflict, run)
 
     def _query(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
         with self._lock:
@@ -131,3 +111,42 @@ class SqliteStore(SqlStore):
     def close(self) -> None:
         with self._lock:
             self._db.close()
+
+
+class _Transaction:
+    """``BEGIN IMMEDIATE`` … ``COMMIT`` under the store's lock; driver errors become ``StoreError``.
+
+    A class rather than a generator context manager: it runs on every transition.
+    """
+
+    __slots__ = ("_conflict", "_run", "_store")
+
+    def __init__(self, store: SqliteStore, conflict: str | None, run: str) -> None:
+        self._store, self._conflict, self._run = store, conflict, run
+
+    def __enter__(self) -> sqlite3.Connection:
+        store = self._store
+        store._lock.acquire()
+        try:
+            store._db.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            store._lock.release()
+            raise store._error(exc) from None
+        return store._db
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
+        store = self._store
+        try:
+            if exc is None:
+                try:
+                    store._db.execute("COMMIT")
+                    return
+                except sqlite3.Error as error:
+                    exc = error
+            store._db.execute("ROLLBACK")
+            if isinstance(exc, sqlite3.IntegrityError) and self._conflict is not None:
+                raise StoreError(self._conflict.format(location=store.location, run=self._run, detail=exc)) from None
+            if isinstance(exc, sqlite3.Error):
+                raise store._error(exc) from None
+        finally:
+            store._lock.release()
