@@ -53,6 +53,9 @@ from kernel.store.base import EventRow, Store
 EventListener = Callable[[BaseEvent], None]
 
 CHECKPOINT_MIN_BYTES = 64 * 1024
+# A new checkpoint once the events since the last one weigh this many times its size: checkpoints
+# then cost at most half of what the events cost, and resume folds at most that much log.
+CHECKPOINT_SPACING = 2
 COMMAND_POLL_S = 0.05
 PAUSE_GRACE_S = 30.0
 YIELD_EVERY_S = 0.01
@@ -396,7 +399,8 @@ class RunExecution:
         checkpoint = None
         stopped = self.snap.status != "running"
         blobs: dict[str, bytes] | None = None
-        if stopped or self._bytes_since_checkpoint >= max(self._checkpoint_size, CHECKPOINT_MIN_BYTES):
+        if stopped or self._bytes_since_checkpoint >= max(CHECKPOINT_SPACING * self._checkpoint_size,
+                                                          CHECKPOINT_MIN_BYTES):
             checkpoint, blobs = encode_checkpoint(self.snap)
             # Space compactions by the snapshot's whole size, not the skeleton's: encoding walks it all.
             self._checkpoint_size = len(checkpoint) + sum(len(b) for b in blobs.values())
