@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any
 
 from kernel.errors import NodeFailure
@@ -9,8 +10,10 @@ from kernel.errors import NodeFailure
 OPS = ("set", "merge", "append")
 
 
-def split_path(path: str) -> list[str]:
-    return [p for p in path.split(".") if p] if path else []
+@lru_cache(maxsize=1024)
+def split_path(path: str) -> tuple[str, ...]:
+    """``"a.b"`` -> ``("a", "b")``; flows use a handful of paths, so each is split once."""
+    return tuple(p for p in path.split(".") if p) if path else ()
 
 
 def get_path(state: Any, path: str) -> Any:
@@ -38,7 +41,7 @@ def apply_patch(state: dict[str, Any], op: str, path: str, value: Any) -> dict[s
     return _patch(state, keys, op, value, path)
 
 
-def _patch(node: dict[str, Any], keys: list[str], op: str, value: Any, path: str) -> dict[str, Any]:
+def _patch(node: dict[str, Any], keys: tuple[str, ...], op: str, value: Any, path: str) -> dict[str, Any]:
     out = dict(node)
     head = keys[0]
     if len(keys) > 1:
