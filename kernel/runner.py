@@ -32,6 +32,8 @@ from kernel.events import (
     EdgeSkip,
     FlowComplete,
     FlowPaused,
+    FlowWaiting,
+    LoopExhausted,
     LoopIterate,
     NodeComplete,
     NodeError,
@@ -286,7 +288,7 @@ class RunExecution:
                                   attempt=snap.attempts.get(draft.nodeId or "", 1))
                 return self._append(draft)
             raise
-        event = decode(body)
+        event = draft if _json_already(draft) else decode(body)
         try:
             self.snap, touched = apply(self.flow, snap, event, owned=True)
         except NodeFailure as exc:
@@ -514,6 +516,23 @@ _AFTER_APPLY: dict[type[BaseEvent], Callable[[RunExecution, Any], None]] = {
     EdgeFire: RunExecution._edge_decided, EdgeSkip: RunExecution._edge_decided,
     LoopIterate: RunExecution._loop_reset,
 }
+
+
+# Events whose fields the kernel fills with strings and integers only, and the one field that carries
+# a node's data in the others: when that is a str, int, bool or None, decoding the encoded event
+# would give back an equal event, so the draft itself is applied.
+_KERNEL_MADE = frozenset({EdgeSkip, NodeSkipped, LoopIterate, LoopExhausted, FlowComplete, FlowPaused,
+                          FlowWaiting})
+_PAYLOAD = {StatePatch: "value", NodeComplete: "output", EdgeFire: "items"}
+_EXACT_JSON = frozenset({str, int, bool, type(None)})  # not float: NaN would come back as null
+
+
+def _json_already(draft: BaseEvent) -> bool:
+    cls = type(draft)
+    if cls in _KERNEL_MADE:
+        return True
+    field = _PAYLOAD.get(cls)
+    return field is not None and type(getattr(draft, field)) in _EXACT_JSON
 
 
 def _describe(exc: Exception, timeout_ms: int | None) -> tuple[str, str]:
