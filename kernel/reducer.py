@@ -199,13 +199,13 @@ def _edge_fire(flow: CompiledFlow, s: RunSnapshot, ev: EdgeFire, o: bool) -> tup
     for_each = s.forEach
     if ev.items is not None:
         for_each = _set(o, for_each, ev.to, ForEachState(items=ev.items, results=[None] * len(ev.items)))
+    # Only the target's prospects change: ``decide`` settles all of a node's edges at once.
     return replace(s, seq=ev.seq, edgeStatus=_set(o, s.edgeStatus, ev.edgeId, "fired"),
-                   forEach=for_each), frozenset({ev.from_, ev.to})
+                   forEach=for_each), frozenset({ev.to})
 
 
 def _edge_skip(flow: CompiledFlow, s: RunSnapshot, ev: EdgeSkip, o: bool) -> tuple[RunSnapshot, frozenset[str]]:
-    return replace(s, seq=ev.seq, edgeStatus=_set(o, s.edgeStatus, ev.edgeId, "skipped")), \
-        frozenset({ev.from_, ev.to})
+    return replace(s, seq=ev.seq, edgeStatus=_set(o, s.edgeStatus, ev.edgeId, "skipped")), frozenset({ev.to})
 
 
 def _loop_iterate(flow: CompiledFlow, s: RunSnapshot, ev: LoopIterate, o: bool) -> tuple[RunSnapshot, frozenset[str]]:

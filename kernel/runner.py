@@ -42,9 +42,10 @@ from kernel.events import (
     NodeWaiting,
     StatePatch,
     decode,
-    encode,
+    encoder,
 )
-from kernel.ids import new_node_run_id, now_ms
+from kernel.expressions import is_constant
+from kernel.ids import new_node_run_id
 from kernel.node import Interrupted, NodeContext, WaitFor
 from kernel.reducer import ALL, apply, own
 from kernel.registry import Registry
@@ -125,6 +126,7 @@ class RunExecution:
         self._reset_at: dict[str, int] = {}  # node -> seq of the loop:iterate that last reset it
         self.stop_reason: str | None = None
         self._tg: TaskGroup | None = None
+        self._inline_of: dict[str, bool] = {}  # node -> runs inline (for nodes whose input has no binding)
 
     # -- what node contexts use -------------------------------------------------------------
 
@@ -277,10 +279,10 @@ class RunExecution:
         """Stamp, normalise (JSON round trip), apply and buffer one event."""
         snap = self.snap
         draft.seq = snap.seq + 1
-        draft.timestamp = now_ms()
+        draft.timestamp = int(time.time() * 1000)  # ids.now_ms, inlined: this runs for every event
         draft.flowRunId = snap.runId
         try:
-            body = encode(draft)
+            body = _encode(draft)
         except (TypeError, msgspec.EncodeError) as exc:
             if isinstance(draft, NodeComplete):
                 draft = NodeError(nodeId=draft.nodeId, runId=draft.runId, item=draft.item,
@@ -380,12 +382,20 @@ class RunExecution:
 
     def _inline(self, s: NodeStart) -> bool:
         """Node runs that complete synchronously (no timeout, no retry) run in the shell's own task."""
-        node = self.flow.nodes[s.nodeId or ""]
+        n = s.nodeId or ""
+        known = self._inline_of.get(n)
+        if known is not None:
+            return known
+        node = self.flow.nodes[n]
         if node.policy.timeoutMs or (node.policy.retry and node.policy.retry.maxAttempts > 1):
-            return False
-        node_type = self.registry.node_types.get(node.type)
-        probe = getattr(node_type, "runs_inline", None)
-        return bool(probe(s.input, self.registry)) if probe is not None else False
+            inline = False
+        else:
+            node_type = self.registry.node_types.get(node.type)
+            probe = getattr(node_type, "runs_inline", None)
+            inline = bool(probe(s.input, self.registry)) if probe is not None else False
+        if is_constant(node.input):  # the same input on every run of this node: the same answer
+            self._inline_of[n] = inline
+        return inline
 
     def _launchable(self, s: NodeStart) -> bool:
         n = s.nodeId or ""
@@ -533,6 +543,9 @@ def _json_already(draft: BaseEvent) -> bool:
         return True
     field = _PAYLOAD.get(cls)
     return field is not None and type(getattr(draft, field)) in _EXACT_JSON
+
+
+_encode = encoder.encode
 
 
 def _describe(exc: Exception, timeout_ms: int | None) -> tuple[str, str]:

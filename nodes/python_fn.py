@@ -46,11 +46,12 @@ class PythonNode:
         if _wants_ctx(fn):
             args = {**args, "ctx": ctx}
         result = fn(**args)
-        if inspect.isawaitable(result):
+        if type(result) not in _PLAIN and inspect.isawaitable(result):
             result = await result
         return result
 
 
+_PLAIN = frozenset({dict, list, str, int, float, bool, type(None)})  # results that cannot be awaitables
 _WANTS_CTX: dict[Any, bool] = {}
 
 
