@@ -67,6 +67,8 @@ class RunShell(Protocol):
 
     def submit(self, draft: BaseEvent) -> None: ...
 
+    def submit_patch(self, draft: StatePatch, base: dict[str, Any], patched: dict[str, Any]) -> None: ...
+
     async def submit_durable(self, draft: BaseEvent) -> None: ...
 
     def pause_requested(self) -> bool: ...
@@ -149,8 +151,10 @@ class NodeContext:
         state as it will be once the patch is applied."""
         if op not in OPS:
             raise NodeFailure(f"unknown state op {op!r}; use one of {', '.join(OPS)}", "state_error")
-        patched = apply_patch(self.state, op, path, value)  # raises NodeFailure now, not at apply time
-        self.emit(StatePatch(op=op, path=path, value=value))
+        base = self.state
+        patched = apply_patch(base, op, path, value)  # raises NodeFailure now, not at apply time
+        self._shell.submit_patch(StatePatch(op=op, path=path, value=value, nodeId=self.node_id, runId=self.run_id),
+                                 base, patched)
         return patched
 
     def inbox(self) -> list[InboxMessage]:

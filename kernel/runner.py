@@ -20,6 +20,7 @@ import anyio
 import anyio.lowlevel
 import msgspec
 from anyio.abc import TaskGroup
+from msgspec.structs import replace
 
 from kernel.checkpoint import encode_checkpoint
 from kernel.commands import Command, CommandOutcome, judge_command
@@ -126,6 +127,7 @@ class RunExecution:
         self._reset_at: dict[str, int] = {}  # node -> seq of the loop:iterate that last reset it
         self.stop_reason: str | None = None
         self._tg: TaskGroup | None = None
+        self._patched: dict[int, tuple[StatePatch, dict[str, Any], dict[str, Any]]] = {}  # see submit_patch
         self._inline_of: dict[str, bool] = {}  # node -> runs inline (for nodes whose input has no binding)
 
     # -- what node contexts use -------------------------------------------------------------
@@ -149,6 +151,12 @@ class RunExecution:
             self._wakeup.set()
 
     def submit(self, draft: BaseEvent) -> None:
+        self._put(draft)
+
+    def submit_patch(self, draft: StatePatch, base: dict[str, Any], patched: dict[str, Any]) -> None:
+        """A state patch, and the state it gives when applied to ``base`` (the node computed it already):
+        applied while the state is still ``base``, the shell takes that instead of patching again."""
+        self._patched[id(draft)] = (draft, base, patched)
         self._put(draft)
 
     async def submit_durable(self, draft: BaseEvent) -> None:
@@ -291,8 +299,12 @@ class RunExecution:
                 return self._append(draft)
             raise
         event = draft if _json_already(draft) else decode(body)
+        done = self._patched.pop(id(draft), None) if self._patched else None
         try:
-            self.snap, touched = apply(self.flow, snap, event, owned=True)
+            if done is not None and done[0] is event and done[1] is snap.state:
+                self.snap, touched = replace(snap, seq=event.seq, state=done[2]), _NOTHING  # = apply's
+            else:
+                self.snap, touched = apply(self.flow, snap, event, owned=True)
         except NodeFailure as exc:
             if isinstance(event, StatePatch):
                 print(f"flowkernel: dropped state patch from {event.nodeId}: {exc}", file=sys.stderr)
@@ -417,6 +429,7 @@ class RunExecution:
             # Space compactions by the snapshot's whole size, not the skeleton's: encoding walks it all.
             self._checkpoint_size = len(checkpoint) + sum(len(b) for b in blobs.values())
             self._bytes_since_checkpoint = 0
+        self._patched.clear()  # patches that never reached _append (dropped as stale)
         rows, applied, waiters = self._rows, self._applied, self._waiters
         self._rows, self._applied, self._waiters = [], [], []
         try:
@@ -546,6 +559,7 @@ def _json_already(draft: BaseEvent) -> bool:
 
 
 _encode = encoder.encode
+_NOTHING: frozenset[str] = frozenset()
 
 
 def _describe(exc: Exception, timeout_ms: int | None) -> tuple[str, str]:

@@ -66,3 +66,25 @@ def test_runs_lists_by_status_and_snapshot_at_a_past_seq(tmp_path: Path) -> None
     assert record.seq == done.seq
     early = kernel.snapshot(done.runId, at=3)
     assert early.seq == 3 and early.status == "running"
+
+
+def test_several_state_patches_from_one_node_run_all_land_in_order(tmp_path: Path) -> None:
+    # The shell reuses the state a patch computed when nothing changed the state in between; every
+    # later patch of the same node run was computed on an older state and must be applied afresh.
+    seen: list[Any] = []
+
+    def work(ctx: Any, tag: str) -> str:
+        seen.append(ctx.patch_state("append", "log", f"{tag}-1"))
+        ctx.patch_state("append", "log", f"{tag}-2")
+        ctx.patch_state("set", "count", len(ctx.state.get("log", [])) + 2)
+        ctx.patch_state("merge", "meta", {tag: True})
+        return tag
+
+    store = SqliteStore(tmp_path / "runs.db")
+    kernel = Kernel(store, registry=registry(work=work))
+    compiled = kernel.compile(flow([py("a", "work", {"tag": "a"}), py("b", "work", {"tag": "b"})],
+                                   [{"from": "a", "to": "b"}], state={"initial": {"log": ["start"]}}))
+    snap = anyio.run(kernel.run, compiled, None)
+    assert snap.state == {"log": ["start", "a-1", "a-2", "b-1", "b-2"], "count": 5, "meta": {"a": True, "b": True}}
+    assert seen[0] == {"log": ["start", "a-1"]}  # what patch_state returns: the state with that patch applied
+    assert kernel.snapshot(snap.runId) == snap  # stored checkpoint and log agree with the live snapshot
