@@ -193,7 +193,6 @@ class _Any:
 
 
 ALWAYS: Condition = _All(())  # no ``when``: holds without looking at any context
-_ALWAYS = ALWAYS
 
 
 def truthy(value: Any) -> bool:
@@ -206,25 +205,25 @@ def truthy(value: Any) -> bool:
 def compile_when(value: Any, path: str, problems: list[Problem]) -> Condition:
     """Compile a ``when`` in the string or the structured form."""
     if value is None:
-        return _ALWAYS
+        return ALWAYS
     if isinstance(value, str):
         expr = compile_expr(strip_braces(value), path, problems)
-        return _Truthy(expr) if expr else _ALWAYS
+        return _Truthy(expr) if expr else ALWAYS
     if isinstance(value, dict) and len(value) == 1:
         (key, arg), = value.items()
         if key == "equals":
             if not isinstance(arg, dict) or set(arg) != {"var", "value"} or not isinstance(arg["var"], str):
                 problems.append(Problem(f"{path}.equals", 'expected {"var": "<path>", "value": <any>}'))
-                return _ALWAYS
+                return ALWAYS
             expr = compile_expr(strip_braces(arg["var"]), f"{path}.equals.var", problems)
-            return _Equals(expr, arg["value"]) if expr else _ALWAYS
+            return _Equals(expr, arg["value"]) if expr else ALWAYS
         if key == "not":
             return _Not(compile_when(arg, f"{path}.not", problems))
         if key in ("and", "or"):
             if not isinstance(arg, list):
                 problems.append(Problem(f"{path}.{key}", "expected a list of conditions"))
-                return _ALWAYS
+                return ALWAYS
             parts = tuple(compile_when(v, f"{path}.{key}[{i}]", problems) for i, v in enumerate(arg))
             return _All(parts) if key == "and" else _Any(parts)
     problems.append(Problem(path, "a when is a JSONata string or one of equals / not / and / or"))
-    return _ALWAYS
+    return ALWAYS
