@@ -52,6 +52,19 @@ class CheckedNodeType(NodeType, Protocol):
     def check(self, raw_input: dict[str, Any], path: str, problems: list[Problem]) -> None: ...
 
 
+def check_json_schema(schema: Any, path: str, problems: list[Problem]) -> None:
+    """For node types' ``check``: add a problem at ``path`` unless ``schema`` is a valid JSON Schema object."""
+    if not isinstance(schema, dict):
+        problems.append(Problem(path, "must be a JSON Schema object"))
+        return
+    import jsonschema  # only when a flow has a schema: keeps start-up light
+
+    try:
+        jsonschema.Draft202012Validator.check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        problems.append(Problem(path, f"not a valid JSON Schema: {exc.message}"))
+
+
 class RunShell(Protocol):
     """What a node context needs from the shell that executes the run."""
 

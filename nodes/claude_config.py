@@ -5,9 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import jsonschema
-
 from kernel.errors import NodeFailure, Problem
+from kernel.node import check_json_schema
 
 DEFAULT_MODEL = "claude-sonnet-4-5"
 DEFAULT_MAX_TOKENS = 8192
@@ -103,13 +102,7 @@ def check_input(data: Any, path: str, problems: list[Problem]) -> None:
         problems.append(Problem(f"{path}.session", "must be \"continue\" or \"fresh\""))
     schema = data.get("outputSchema")
     if schema is not None and not _binding(schema):
-        if not isinstance(schema, dict):
-            problems.append(Problem(f"{path}.outputSchema", "must be a JSON Schema object"))
-        else:
-            try:
-                jsonschema.Draft202012Validator.check_schema(schema)
-            except jsonschema.SchemaError as exc:
-                problems.append(Problem(f"{path}.outputSchema", f"not a valid JSON Schema: {exc.message}"))
+        check_json_schema(schema, f"{path}.outputSchema", problems)
 
 
 def parse_config(data: Any, node_id: str, services: dict[str, Any]) -> AgentConfig:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from kernel.errors import Problem
-from kernel.node import NodeContext, WaitFor
+from kernel.node import NodeContext, WaitFor, check_json_schema
 
 
 class HumanInputNode:
@@ -20,15 +20,7 @@ class HumanInputNode:
             problems.append(Problem(f"{path}.prompt", "human.input needs a `prompt`"))
         schema = raw_input.get("schema")
         if schema is not None:
-            if not isinstance(schema, dict):
-                problems.append(Problem(f"{path}.schema", "schema must be a JSON Schema object"))
-            else:
-                import jsonschema
-
-                try:
-                    jsonschema.Draft202012Validator.check_schema(schema)
-                except jsonschema.SchemaError as exc:
-                    problems.append(Problem(f"{path}.schema", f"not a valid JSON Schema: {exc.message}"))
+            check_json_schema(schema, f"{path}.schema", problems)
 
     async def run(self, ctx: NodeContext) -> Any:
         data = ctx.input if isinstance(ctx.input, dict) else {}

@@ -116,11 +116,11 @@ class Stored:
     node_status: dict[str, str]
 
 
-def _stored(db: Path) -> Stored:
-    kernel = Kernel(str(db))
+def stored_run(kernel: Kernel) -> Stored:
+    """The one run in ``kernel``'s store; closes the kernel."""
     try:
         runs = kernel.runs()
-        assert len(runs) == 1, f"expected one run in {db}, found {len(runs)}"
+        assert len(runs) == 1, f"expected one run in {kernel.store.location}, found {len(runs)}"
         run_id = runs[0].runId
         snap = kernel.snapshot(run_id)
         return Stored(run_id=run_id, status=snap.status, events=kernel.events(run_id),
@@ -128,6 +128,10 @@ def _stored(db: Path) -> Stored:
                       node_status=snap.nodeStatus)
     finally:
         kernel.close()
+
+
+def _stored(db: Path) -> Stored:
+    return stored_run(Kernel(str(db)))
 
 
 @pytest.fixture(scope="module")

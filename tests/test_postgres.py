@@ -26,7 +26,7 @@ from kernel.errors import StoreError, UnknownRunError
 from kernel.store.base import RunRecord, Store
 from kernel.store.sqlite import SqliteStore
 from kernel.testing.audit import audit_store
-from tests.test_crash import Stored, assert_resume_is_exact, crash_flow
+from tests.test_crash import Stored, assert_resume_is_exact, crash_flow, stored_run
 
 ROOT = Path(__file__).resolve().parent.parent
 HELLO = str(ROOT / "flows" / "hello.json")
@@ -384,15 +384,7 @@ def test_cli_unreachable_server_is_one_line_without_traceback(tmp_path: Path) ->
 
 
 def _stored(url: str) -> Stored:
-    kernel = Kernel(_pg_store(url))
-    try:
-        [run] = kernel.runs()
-        snap = kernel.snapshot(run.runId)
-        return Stored(run_id=run.runId, status=snap.status, events=kernel.events(run.runId),
-                      bodies=kernel.store.read_events(run.runId), outputs=snap.outputs, state=snap.state,
-                      node_status=snap.nodeStatus)
-    finally:
-        kernel.close()
+    return stored_run(Kernel(_pg_store(url)))
 
 
 @pytest.fixture(scope="module")
