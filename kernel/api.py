@@ -34,7 +34,6 @@ from kernel.events import (
     decode,
     encode,
 )
-from kernel.flowfile import canonical_json
 from kernel.ids import new_run_id, now_ms
 from kernel.reducer import fold, initial_snapshot
 from kernel.registry import Registry, default_registry
@@ -147,7 +146,7 @@ class Kernel:
                            input=value, createdAt=start.timestamp, updatedAt=start.timestamp,
                            parentRunId=parent_run_id, parentNodeRunId=parent_node_run_id,
                            flowSource=str(Path(flow.source).resolve()) if flow.base_dir else None)
-        self.store.put_flow(flow.hash, flow.name, canonical_json(flow.document))
+        self.store.put_flow(flow.hash, flow.name, flow.canonical)
         skeleton, blobs = encode_checkpoint(snap)
         self.store.create_run(record, [(1, "flow:start", None, None, start.timestamp, body)], skeleton, blobs)
         self._flows[flow.hash] = flow

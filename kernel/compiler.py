@@ -21,7 +21,7 @@ from kernel.expressions import (
     compile_when,
     strip_braces,
 )
-from kernel.flowfile import flow_hash, read_flow_document
+from kernel.flowfile import canonical_json, flow_hash, read_flow_document
 
 RESERVED_IDS = frozenset({"flow", "state"})
 
@@ -70,6 +70,7 @@ class CompiledFlow:
     """A validated flow: nodes, edges and the precomputed structure the reducer needs."""
 
     document: dict[str, Any]
+    canonical: str  # the document as stored: canonical JSON, what ``hash`` is computed from
     hash: str
     source: str
     base_dir: Path | None
@@ -80,14 +81,11 @@ class CompiledFlow:
     gates: dict[str, str] = field(default_factory=dict)
     reset_sets: dict[str, tuple[str, ...]] = field(default_factory=dict)  # loop edge -> nodes
     for_each_into: dict[str, str] = field(default_factory=dict)  # node -> its forEach edge
+    max_concurrency: int = 8  # node runs in flight at once
 
     @property
     def name(self) -> str:
         return str(self.document["name"])
-
-    @property
-    def max_concurrency(self) -> int:
-        return int(self.document.get("maxConcurrency", 8))
 
     @property
     def initial_state(self) -> dict[str, Any]:
@@ -272,8 +270,10 @@ def _compile(document: dict[str, Any], source: str, base_dir: Path | None,
         )
         if edge.get("gate") is not None:
             gates[edge["to"]] = edge["gate"]
-    compiled = CompiledFlow(document=document, hash=flow_hash(document), source=source, base_dir=base_dir,
-                            nodes=nodes, edges=edges)
+    canonical = canonical_json(document)
+    compiled = CompiledFlow(document=document, canonical=canonical, hash=flow_hash(canonical), source=source,
+                            base_dir=base_dir, nodes=nodes, edges=edges,
+                            max_concurrency=int(document.get("maxConcurrency", 8)))
     out: dict[str, list[str]] = {n: [] for n in nodes}
     inc: dict[str, list[str]] = {n: [] for n in nodes}
     forward: dict[str, set[str]] = {n: set() for n in nodes}

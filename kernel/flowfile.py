@@ -43,6 +43,6 @@ def canonical_json(data: Any) -> str:
     return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
-def flow_hash(document: Any) -> str:
-    """Content address of a flow definition: sha256 of its canonical JSON."""
-    return "sha256:" + hashlib.sha256(canonical_json(document).encode()).hexdigest()
+def flow_hash(canonical: str) -> str:
+    """Content address of a flow definition: sha256 of its canonical JSON (``canonical_json``)."""
+    return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
