@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from typing import Any
 
 from kernel.errors import NodeFailure, Problem
@@ -21,7 +22,7 @@ class PythonNode:
     def runs_inline(self, input: Any, registry: Any) -> bool:
         """A sync function blocks the event loop wherever it runs: run it without a task of its own."""
         fn = registry.functions.get(str(input.get("function"))) if isinstance(input, dict) else None
-        return fn is not None and not inspect.iscoroutinefunction(fn) and not inspect.isasyncgenfunction(fn)
+        return fn is not None and _per_function(_INLINE, fn, _is_plain_function)
 
     def check(self, raw_input: dict[str, Any], path: str, problems: list[Problem]) -> None:
         if not isinstance(raw_input.get("function"), str):
@@ -43,7 +44,7 @@ class PythonNode:
         args = data.get("args") or {}
         if not isinstance(args, dict):
             raise NodeFailure(f"node {ctx.node_id!r}: args must be an object", "invalid_input")
-        if _wants_ctx(fn):
+        if _per_function(_WANTS_CTX, fn, _takes_ctx):
             args = {**args, "ctx": ctx}
         result = fn(**args)
         if type(result) not in _PLAIN and inspect.isawaitable(result):
@@ -52,15 +53,27 @@ class PythonNode:
 
 
 _PLAIN = frozenset({dict, list, str, int, float, bool, type(None)})  # results that cannot be awaitables
+# What is known of each registered function, looked up on every node run.
 _WANTS_CTX: dict[Any, bool] = {}
+_INLINE: dict[Any, bool] = {}
 
 
-def _wants_ctx(fn: Any) -> bool:
-    cached = _WANTS_CTX.get(fn)
-    if cached is None:
-        try:
-            cached = "ctx" in inspect.signature(fn).parameters
-        except (TypeError, ValueError):
-            cached = False
-        _WANTS_CTX[fn] = cached
-    return cached
+def _per_function(cache: dict[Any, bool], fn: Any, probe: Callable[[Any], bool]) -> bool:
+    try:
+        known = cache.get(fn)
+    except TypeError:  # an unhashable callable: ask every time
+        return probe(fn)
+    if known is None:
+        known = cache[fn] = probe(fn)
+    return known
+
+
+def _takes_ctx(fn: Any) -> bool:
+    try:
+        return "ctx" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _is_plain_function(fn: Any) -> bool:
+    return not inspect.iscoroutinefunction(fn) and not inspect.isasyncgenfunction(fn)

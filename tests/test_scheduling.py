@@ -281,3 +281,38 @@ def test_output_that_is_not_json_fails_the_node() -> None:
 
     _, snap, _ = run_flow(flow([py("w", "weird")]), reg=registry(weird=weird))
     assert snap.status == "failed" and "not JSON" in (snap.error or "")
+
+
+def test_python_nodes_call_every_kind_of_registered_callable() -> None:
+    """Sync and async functions, a partial, and a callable object that cannot be hashed (what is
+    known of each function is cached by the function itself)."""
+    import functools
+
+    class Scale:
+        __hash__ = None  # type: ignore[assignment]
+
+        def __init__(self, factor: int) -> None:
+            self.factor = factor
+
+        def __eq__(self, other: object) -> bool:
+            return isinstance(other, Scale) and other.factor == self.factor
+
+        def __call__(self, x: int, ctx: NodeContext) -> int:
+            ctx.patch_state("append", "seen", ctx.node_id)
+            return x * self.factor
+
+    async def later(x: int) -> int:
+        await anyio.lowlevel.checkpoint()
+        return x + 1
+
+    def add(x: int, y: int) -> int:
+        return x + y
+
+    reg = registry(scale=Scale(3), later=later, plus_ten=functools.partial(add, y=10))
+    doc = flow([py("a", "scale", {"x": 2}), py("b", "later", {"x": 1}), py("c", "plus_ten", {"x": 1}),
+                py("d", "scale", {"x": 5})], [{"from": "a", "to": "b"}, {"from": "b", "to": "c"},
+                                              {"from": "c", "to": "d"}])
+    _, snap, _ = run_flow(doc, reg=reg)
+    assert snap.status == "completed", snap.error
+    assert snap.outputs == {"a": 6, "b": 2, "c": 11, "d": 15}
+    assert snap.state == {"seen": ["a", "d"]}
