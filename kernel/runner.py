@@ -12,7 +12,6 @@ import sys
 import time
 from collections import deque
 from collections.abc import Callable, Coroutine
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -255,13 +254,11 @@ class RunExecution:
 
     def _active_key(self, ev: BaseEvent) -> tuple[str, int | None]:
         n, item = ev.nodeId or "", getattr(ev, "item", None)
-        if item is None and ev.runId and not isinstance(ev, NodeStart):
+        if item is None and n in self.snap.forEach and ev.runId and not isinstance(ev, NodeStart):
             # Agent and state events of a forEach item carry no ``item``: find it by the node run.
-            fe = self.snap.forEach.get(n)
-            if fe is not None:
-                for key, run_id in fe.running.items():
-                    if run_id == ev.runId:
-                        return (n, int(key))
+            for key, run_id in self.snap.forEach[n].running.items():
+                if run_id == ev.runId:
+                    return (n, int(key))
         return (n, item)
 
     def _handle_command(self, msg: _Incoming) -> None:
@@ -352,17 +349,16 @@ class RunExecution:
             for draft in decision.drafts:
                 if draft.cause is None:
                     draft.cause = self._cause_of(draft)
-                if isinstance(draft, NodeStart) and not draft.runId:
+                if type(draft) is NodeStart and not draft.runId:
                     draft.runId = new_node_run_id()
                     starts.append(draft)
-                    self._active[self._active_key(draft)] = None
+                    self._active[(draft.nodeId or "", draft.item)] = None
                 self._append(draft)
             for s in starts:  # a start followed by its own error (bad binding) or a forEach group: no task
-                key = self._active_key(s)
                 if self._launchable(s):
                     self._to_launch.append(s)
                 else:
-                    self._active.pop(key, None)
+                    self._active.pop((s.nodeId or "", s.item), None)
             if not self._dirty and self._active:
                 break  # nothing to look at again, and the run cannot end with node runs in flight
         self._commit()
@@ -447,7 +443,7 @@ class RunExecution:
             raise StoreError(f"run {self.snap.runId}: cannot save the snapshot, stopping: {exc}") from exc
         for w in waiters:
             w.done.set()
-        for ev in applied:
+        for ev in applied if self._listeners else ():
             for listener in list(self._listeners):
                 try:
                     listener(ev)
@@ -506,8 +502,10 @@ class RunExecution:
                               input=start.input, item=start.item, resumed_from=start.resumedFrom)
             began = time.monotonic()
             try:
-                limit = anyio.fail_after(policy.timeoutMs / 1000) if policy.timeoutMs else nullcontext()
-                with limit:
+                if policy.timeoutMs:
+                    with anyio.fail_after(policy.timeoutMs / 1000):
+                        result = await node_type.run(ctx)
+                else:
                     result = await node_type.run(ctx)
             except Exception as exc:
                 error_type, message = _describe(exc, policy.timeoutMs)
