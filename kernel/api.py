@@ -39,7 +39,7 @@ from kernel.reducer import fold, initial_snapshot
 from kernel.registry import Registry, default_registry
 from kernel.runner import COMMAND_POLL_S, EventListener, RunExecution
 from kernel.snapshot import RunSnapshot
-from kernel.store.base import RunRecord, Store
+from kernel.store.base import EventRow, RunRecord, Store
 
 if TYPE_CHECKING:
     from kernel.history import Page
@@ -148,7 +148,7 @@ class Kernel:
                            flowSource=str(Path(flow.source).resolve()) if flow.base_dir else None)
         self.store.put_flow(flow.hash, flow.name, flow.canonical)
         skeleton, blobs = encode_checkpoint(snap)
-        self.store.create_run(record, [(1, "flow:start", None, None, start.timestamp, body)], skeleton, blobs)
+        self.store.create_run(record, [(1, start.timestamp, body)], skeleton, blobs)
         self._flows[flow.hash] = flow
         return run_id
 
@@ -388,7 +388,7 @@ class Kernel:
         from kernel.reducer import apply
 
         flow = self.flow_of(snap.runId)
-        rows = []
+        rows: list[EventRow] = []
         for d in drafts:
             d.seq = snap.seq + 1
             d.timestamp = now_ms()
@@ -396,7 +396,7 @@ class Kernel:
             body = encode(d)
             ev = decode(body)
             snap, _ = apply(flow, snap, ev)
-            rows.append((ev.seq, ev.type, ev.nodeId, ev.runId, ev.timestamp, body))
+            rows.append((ev.seq, ev.timestamp, body))
         skeleton, blobs = encode_checkpoint(snap)
         self.store.commit(snap.runId, rows, snap.status, snap.seq, snap.error, skeleton, blobs)
         return snap

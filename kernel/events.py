@@ -6,7 +6,6 @@ Nodes and the scheduler produce *drafts* (``seq == 0``); the run shell stamps ``
 
 from __future__ import annotations
 
-import typing
 from typing import Any
 
 import msgspec
@@ -190,9 +189,6 @@ Event = (
     | AgentStart | AgentThinkingDelta | AgentTextDelta | AgentThinking | AgentText | AgentTool
     | AgentError | AgentComplete
 )
-
-# Each event class's ``type`` (what ``BaseEvent.type`` says, without the property's cost).
-TAGS: dict[type[BaseEvent], str] = {cls: str(cls.__struct_config__.tag) for cls in typing.get_args(Event)}
 
 encoder = msgspec.json.Encoder()
 decoder: msgspec.json.Decoder[Event] = msgspec.json.Decoder(Event)

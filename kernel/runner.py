@@ -26,7 +26,6 @@ from kernel.commands import Command, CommandOutcome, judge_command
 from kernel.compiler import CompiledFlow
 from kernel.errors import FlowkernelError, NodeFailure, StoreError
 from kernel.events import (
-    TAGS,
     BaseEvent,
     EdgeFire,
     EdgeSkip,
@@ -312,7 +311,7 @@ class RunExecution:
         after = _AFTER_APPLY.get(type(event))
         if after is not None:
             after(self, event)
-        self._rows.append((event.seq, TAGS[type(event)], event.nodeId, event.runId, event.timestamp, body))
+        self._rows.append((event.seq, event.timestamp, body))
         self._applied.append(event)
         self._bytes_since_checkpoint += len(body)
         return event

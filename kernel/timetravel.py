@@ -237,8 +237,8 @@ def create_fork(kernel: Kernel, run_id: str, at: int, *, input: dict[str, Any] |
     old, new = run_id.removeprefix("run_"), fork_id.removeprefix("run_")
     start = FlowStart(seq=1, timestamp=now_ms(), flowRunId=fork_id, flowName=record.flowName,
                       flowHash=record.flowHash, input=value, forkedFrom=run_id, forkedAt=at)
-    rows: list[EventRow] = [(1, "flow:start", None, None, start.timestamp, encode(start))]
-    copied: list[Event] = [decode(rows[0][5])]
+    rows: list[EventRow] = [(1, start.timestamp, encode(start))]
+    copied: list[Event] = [decode(rows[0][2])]
     finished: set[str] = set()
     for ev in events[1:]:
         body = encode(ev).replace(f"ses_{old}".encode(), f"ses_{new}".encode())
@@ -246,7 +246,7 @@ def create_fork(kernel: Kernel, run_id: str, at: int, *, input: dict[str, Any] |
         copy.flowRunId = fork_id
         body = encode(copy)
         copied.append(copy)
-        rows.append((copy.seq, copy.type, copy.nodeId, copy.runId, copy.timestamp, body))
+        rows.append((copy.seq, copy.timestamp, body))
         if isinstance(copy, NodeComplete | NodeError | NodeWaiting) and copy.runId:
             finished.add(copy.runId)
     snap = fold(flow, copied)

@@ -45,7 +45,7 @@ class MemoryStore:
             if record.runId in self._runs:
                 raise StoreError(f"run {record.runId} already exists")
             self._runs[record.runId] = record
-            self._events[record.runId] = [row[5] for row in events]
+            self._events[record.runId] = [row[2] for row in events]
             self._checkpoints[record.runId] = [(record.seq, checkpoint)]
             self._version += 1
 
@@ -67,7 +67,7 @@ class MemoryStore:
             log = self._events[run_id]
             if events and events[0][0] != len(log) + 1:
                 raise StoreError(f"run {run_id}: seq {events[0][0]} does not follow {len(log)}")
-            log.extend(row[5] for row in events)
+            log.extend(row[2] for row in events)
             self._runs[run_id] = replace(self._runs[run_id], status=status, seq=seq, error=error, updatedAt=now_ms())
             if checkpoint is not None:
                 self._checkpoints[run_id] = [(seq, checkpoint)]

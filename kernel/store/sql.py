@@ -294,7 +294,7 @@ class SqlStore(ABC):
         for start in range(0, len(events), _EVENTS_PER_INSERT):
             chunk = events[start:start + _EVENTS_PER_INSERT]
             params: list[Any] = []
-            for seq, _type, _node, _node_run, ts, body in chunk:
+            for seq, ts, body in chunk:
                 params += (base + seq, ts, enc(body))
             db.execute(self._insert_events_sql(len(chunk)), params)
 
