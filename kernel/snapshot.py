@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from itertools import islice
 from typing import Any
 
 import msgspec
@@ -53,3 +54,25 @@ class RunSnapshot(msgspec.Struct, kw_only=True):
     error: str | None = None
     parentRunId: str | None = None
     parentNodeRunId: str | None = None
+
+    def __repr__(self) -> str:
+        # A run of a thousand nodes has maps of a thousand entries: show the first few of each, the
+        # way numpy abbreviates a large array. (asyncio takes this repr of whatever ``anyio.run``
+        # returns when the loop closes, so it is paid at the end of every run, too.)
+        fields = ", ".join(f"{name}={_brief(getattr(self, name))}" for name in self.__struct_fields__)
+        return f"RunSnapshot({fields})"
+
+
+_SHOWN = 10  # entries shown per map or list in a snapshot's repr
+
+
+def _brief(value: Any) -> str:
+    if isinstance(value, dict):
+        shown = ", ".join(f"{k!r}: {_brief(v)}" for k, v in islice(value.items(), _SHOWN))
+        more = len(value) - _SHOWN
+        return "{" + shown + (f", …{more} more" if more > 0 else "") + "}"
+    if isinstance(value, list):
+        shown = ", ".join(_brief(v) for v in value[:_SHOWN])
+        more = len(value) - _SHOWN
+        return "[" + shown + (f", …{more} more" if more > 0 else "") + "]"
+    return repr(value)

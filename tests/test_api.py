@@ -12,7 +12,7 @@ from kernel.api import Kernel
 from kernel.commands import Command
 from kernel.events import BaseEvent
 from kernel.store.sqlite import SqliteStore
-from tests.helpers import flow, py, registry
+from tests.helpers import flow, py, registry, run_flow, t
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -88,3 +88,18 @@ def test_several_state_patches_from_one_node_run_all_land_in_order(tmp_path: Pat
     assert snap.state == {"log": ["start", "a-1", "a-2", "b-1", "b-2"], "count": 5, "meta": {"a": True, "b": True}}
     assert seen[0] == {"log": ["start", "a-1"]}  # what patch_state returns: the state with that patch applied
     assert kernel.snapshot(snap.runId) == snap  # stored checkpoint and log agree with the live snapshot
+
+
+def test_a_snapshot_repr_is_whole_for_a_small_run_and_abbreviated_for_a_large_one() -> None:
+    _, small, _ = run_flow(flow([t("a", "1"), t("b", "2")], [{"from": "a", "to": "b"}]))
+    assert repr(small) == (
+        f"RunSnapshot(runId={small.runId!r}, status='completed', seq={small.seq}, flowHash={small.flowHash!r}, "
+        f"input={{}}, outputs={{'a': 1, 'b': 2}}, state={{}}, nodeStatus={{'a': 'done', 'b': 'done'}}, "
+        f"edgeStatus={{'a->b': 'fired'}}, loopCounters={{}}, inbox={{}}, agentSessions={{}}, "
+        f"nodeRuns={small.nodeRuns!r}, attempts={{'a': 1, 'b': 1}}, faults={{}}, waiting={{}}, forEach={{}}, "
+        f"resumedFrom={{}}, error=None, parentRunId=None, parentNodeRunId=None)")
+    nodes = [t(f"n{i}", str(i)) for i in range(50)]
+    _, large, _ = run_flow(flow(nodes, [{"from": f"n{i}", "to": f"n{i + 1}"} for i in range(49)]))
+    text = repr(large)
+    assert "outputs={'n0': 0, 'n1': 1, " in text and "'n9': 9, …40 more}" in text
+    assert "'n10'" not in text and "edgeStatus={'n0->n1': 'fired'," in text and "…39 more}" in text
