@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import random
 import time
-from typing import Any
 
 _ALPHABET = "0123456789abcdefghjkmnpqrstvwxyz"
 # Crockford base32 two characters at a time: ten lookups per id instead of twenty shifts.
@@ -18,19 +17,20 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=lambda: _rng.seed(os.urandom(16)))
 
 
-_millis: list[Any] = [-1, ""]  # the last millisecond seen, and its ten characters
+_last_ms: tuple[int, str] = (-1, "")  # the last millisecond an id was made in, and its ten characters
 
 
 def _token() -> str:
     # 48 bits of milliseconds then 50 random bits, Crockford base32: sortable and collision-safe.
     # The time half is the same for every id made within a millisecond: encoded once per millisecond.
+    global _last_ms
     ms = time.time_ns() // 1_000_000
     p = _PAIRS
-    if ms != _millis[0]:
-        _millis[:] = ms, p[ms >> 40] + p[ms >> 30 & 1023] + p[ms >> 20 & 1023] + p[ms >> 10 & 1023] + p[ms & 1023]
+    last = _last_ms
+    if ms != last[0]:
+        last = _last_ms = ms, p[ms >> 40] + p[ms >> 30 & 1023] + p[ms >> 20 & 1023] + p[ms >> 10 & 1023] + p[ms & 1023]
     r = _rng.getrandbits(50)
-    prefix: str = _millis[1]
-    return prefix + p[r >> 40] + p[r >> 30 & 1023] + p[r >> 20 & 1023] + p[r >> 10 & 1023] + p[r & 1023]
+    return last[1] + p[r >> 40] + p[r >> 30 & 1023] + p[r >> 20 & 1023] + p[r >> 10 & 1023] + p[r & 1023]
 
 
 def new_run_id() -> str:

@@ -348,16 +348,16 @@ class RunExecution:
             for draft in decision.drafts:
                 if draft.cause is None:
                     draft.cause = self._cause_of(draft)
-                if type(draft) is NodeStart and not draft.runId:
+                if isinstance(draft, NodeStart) and not draft.runId:
                     draft.runId = new_node_run_id()
                     starts.append(draft)
-                    self._active[(draft.nodeId or "", draft.item)] = None
+                    self._active[self._active_key(draft)] = None
                 self._append(draft)
             for s in starts:  # a start followed by its own error (bad binding) or a forEach group: no task
                 if self._launchable(s):
                     self._to_launch.append(s)
                 else:
-                    self._active.pop((s.nodeId or "", s.item), None)
+                    self._active.pop(self._active_key(s), None)
             if not self._dirty and self._active:
                 break  # nothing to look at again, and the run cannot end with node runs in flight
         self._commit()

@@ -30,7 +30,9 @@ def test_an_id_carries_its_creation_time_in_milliseconds_so_ids_sort_by_creation
     assert before <= _millis(first[3:]) <= after
     while time.time_ns() // 1_000_000 == after:
         pass
-    assert new_node_run_id() > first
+    second = new_node_run_id()
+    assert second > first
+    assert _millis(second[3:]) > after, "an id made in a later millisecond carries that millisecond"
 
 
 def test_ids_are_unique_even_when_the_application_seeds_the_global_random() -> None:
