@@ -15,9 +15,11 @@ import socket
 import sys
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import anyio
+import msgspec
+from msgspec.structs import replace
 
 from kernel.checkpoint import encode_checkpoint, load_checkpoint
 from kernel.commands import Command, CommandOutcome, judge_command
@@ -73,6 +75,15 @@ def _owner_dead(owner: str) -> bool:
             return fh.read().split(")")[-1].split()[0] == "Z"
     except OSError:
         return False
+
+
+class _Created(NamedTuple):
+    """A run just stored: its id, its ``flow:start``, its snapshot and the size of its checkpoint."""
+
+    run_id: str
+    first: Event
+    snapshot: RunSnapshot
+    checkpoint_size: int
 
 
 class Kernel:
@@ -135,31 +146,42 @@ class Kernel:
     def create_run(self, flow: CompiledFlow, input: Any = None, *, parent_run_id: str | None = None,
                    parent_node_run_id: str | None = None, run_id: str | None = None) -> str:
         """Validate the input and store a new run (``flow:start``); nothing executes yet."""
+        return self._create(flow, input, parent_run_id=parent_run_id, parent_node_run_id=parent_node_run_id,
+                            run_id=run_id).run_id
+
+    def _create(self, flow: CompiledFlow, input: Any, *, parent_run_id: str | None = None,
+                parent_node_run_id: str | None = None, run_id: str | None = None, leased: bool = False) -> _Created:
+        """Store a new run with its flow in one transaction; ``leased``: this kernel holds its lease
+        from the start (it executes the run next)."""
         value = {} if input is None else input
         self.check_input(flow, value)
         run_id = run_id or new_run_id()
         start = FlowStart(seq=1, timestamp=now_ms(), flowRunId=run_id, flowName=flow.name, flowHash=flow.hash,
                           input=value, parentRunId=parent_run_id, parentNodeRunId=parent_node_run_id)
         body = encode(start)
-        snap = initial_snapshot(flow, decode(body))  # type: ignore[arg-type]
+        first = decode(body)
+        snap = initial_snapshot(flow, first)  # type: ignore[arg-type]
+        # The initial state's lists and maps are the flow document's: the run gets its own.
+        snap = replace(snap, state=msgspec.json.decode(msgspec.json.encode(snap.state)))
         record = RunRecord(runId=run_id, flowName=flow.name, flowHash=flow.hash, status="running", seq=1,
                            input=value, createdAt=start.timestamp, updatedAt=start.timestamp,
                            parentRunId=parent_run_id, parentNodeRunId=parent_node_run_id,
-                           flowSource=str(Path(flow.source).resolve()) if flow.base_dir else None)
-        self.store.put_flow(flow.hash, flow.name, flow.canonical)
+                           flowSource=str(Path(flow.source).resolve()) if flow.base_dir else None,
+                           leaseOwner=self.owner if leased else None,
+                           leaseExpiresAt=start.timestamp + self.lease_ttl_ms if leased else None)
         skeleton, blobs = encode_checkpoint(snap)
-        self.store.create_run(record, [(1, start.timestamp, body)], skeleton, blobs)
+        self.store.create_run(record, [(1, start.timestamp, body)], skeleton, blobs, document=flow.canonical)
         self._flows[flow.hash] = flow
-        return run_id
+        return _Created(run_id, first, snap, len(skeleton))
 
     async def run(self, flow: CompiledFlow, input: Any = None, *, on_event: EventListener | None = None,
                   run_id: str | None = None) -> RunSnapshot:
         """Create a run and execute it until it stops; returns its final snapshot."""
-        rid = self.create_run(flow, input, run_id=run_id)
+        created = self._create(flow, input, run_id=run_id, leased=True)
         if on_event is not None:
-            for ev in self.events(rid):
-                on_event(ev)
-        return await self.execute(rid, on_event=on_event)
+            on_event(created.first)
+        # Created leased, with the snapshot in hand: nothing to take or load before executing.
+        return await self._execute(flow, created.snapshot, [], on_event, created.checkpoint_size)
 
     def snapshot(self, run_id: str, at: int | None = None) -> RunSnapshot:
         """The run's snapshot now, or as it was right after event ``at``."""
@@ -225,20 +247,29 @@ class Kernel:
             drafts = list(first or [])
             if before is not None:
                 drafts = before(snap) + drafts
-            if snap.status != "running" and not any(isinstance(d, FlowResumed) for d in drafts) \
-                    and not drafts:
-                return snap
-            checkpoint = self.store.read_checkpoint(run_id)
-            execution = RunExecution(flow=flow, snapshot=snap, store=self.store, registry=self.registry,
-                                     listeners=[on_event] if on_event else [], services=self.services,
-                                     checkpoint_size=len(checkpoint[1]) if checkpoint else 0)
-            self._executing[run_id] = execution
-            try:
-                final = await execution.execute(drafts, background=[self._poll_commands, self._renew_lease])
-            finally:
-                self._executing.pop(run_id, None)
-        finally:
+            checkpoint = self.store.read_checkpoint(run_id) if snap.status == "running" or drafts else None
+        except BaseException:
             self.store.release_lease(run_id, self.owner)
+            raise
+        if snap.status != "running" and not drafts:
+            self.store.release_lease(run_id, self.owner)
+            return snap
+        return await self._execute(flow, snap, drafts, on_event, len(checkpoint[1]) if checkpoint else 0)
+
+    async def _execute(self, flow: CompiledFlow, snap: RunSnapshot, drafts: list[BaseEvent],
+                       on_event: EventListener | None, checkpoint_size: int) -> RunSnapshot:
+        """Execute a run whose lease this kernel holds, from ``snap``; the lease ends when it stops."""
+        run_id = snap.runId
+        execution = RunExecution(flow=flow, snapshot=snap, store=self.store, registry=self.registry,
+                                 listeners=[on_event] if on_event else [], services=self.services,
+                                 checkpoint_size=checkpoint_size, lease_owner=self.owner)
+        self._executing[run_id] = execution
+        try:
+            final = await execution.execute(drafts, background=[self._poll_commands, self._renew_lease])
+        finally:
+            self._executing.pop(run_id, None)
+            if not execution.lease_released:
+                self.store.release_lease(run_id, self.owner)
         if final.parentRunId and final.status in ("completed", "failed", "aborted"):
             await self._wake_parent(final)
         return final
@@ -296,6 +327,8 @@ class Kernel:
     async def _renew_lease(self, execution: RunExecution) -> None:
         while True:
             await anyio.sleep(self.lease_ttl_ms / 3000)
+            if execution.lease_released:
+                return
             holder = self.store.acquire_lease(execution.snap.runId, self.owner, now_ms(), self.lease_ttl_ms)
             if holder is not None:
                 print(f"flowkernel: lost the lease of run {execution.snap.runId} to {holder}", file=sys.stderr)

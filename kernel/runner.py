@@ -98,7 +98,7 @@ class RunExecution:
 
     def __init__(self, *, flow: CompiledFlow, snapshot: RunSnapshot, store: Store, registry: Registry,
                  listeners: list[EventListener] | None = None, services: dict[str, Any] | None = None,
-                 checkpoint_size: int = 0) -> None:
+                 checkpoint_size: int = 0, lease_owner: str | None = None) -> None:
         self.flow = flow
         self.registry = registry
         self.store = store
@@ -127,6 +127,9 @@ class RunExecution:
         self._tg: TaskGroup | None = None
         self._patched: dict[int, tuple[StatePatch, dict[str, Any], dict[str, Any]]] = {}  # see submit_patch
         self._inline_of: dict[str, bool] = {}  # node -> runs inline (for nodes whose input has no binding)
+        # The lease this execution holds: the commit that stops the run with no node run left ends it.
+        self._lease_owner = lease_owner
+        self.lease_released = False
 
     # -- what node contexts use -------------------------------------------------------------
 
@@ -427,9 +430,13 @@ class RunExecution:
         self._patched.clear()  # patches that never reached _append (dropped as stale)
         rows, applied, waiters = self._rows, self._applied, self._waiters
         self._rows, self._applied, self._waiters = [], [], []
+        # Nothing can follow a stop with no node run in flight: that commit ends the lease too.
+        release = self._lease_owner if stopped and not self._active else None
         try:
             self.store.commit(self.snap.runId, rows, self.snap.status, self.snap.seq, self.snap.error, checkpoint,
-                              blobs)
+                              blobs, release)
+            if release is not None:
+                self._lease_owner, self.lease_released = None, True
             for cid, seq in self._finished_commands:
                 self.store.finish_command(cid, seq)
             self._finished_commands = []

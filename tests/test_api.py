@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import pytest
 
 import tests.plugins.waiters  # noqa: F401  (registers await_message)
 from kernel.api import Kernel
@@ -103,3 +104,60 @@ def test_a_snapshot_repr_is_whole_for_a_small_run_and_abbreviated_for_a_large_on
     text = repr(large)
     assert "outputs={'n0': 0, 'n1': 1, " in text and "'n9': 9, …40 more}" in text
     assert "'n10'" not in text and "edgeStatus={'n0->n1': 'fired'," in text and "…39 more}" in text
+
+
+class _CountingStore(SqliteStore):
+    """Counts the lease and flow transactions a run makes besides its commits."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.extra: list[str] = []
+
+    def put_flow(self, flow_hash: str, name: str, document: str) -> None:
+        self.extra.append("put_flow")
+        super().put_flow(flow_hash, name, document)
+
+    def acquire_lease(self, run_id: str, owner: str, now_ms: int, ttl_ms: int,
+                      steal_from: str | None = None) -> str | None:
+        self.extra.append("acquire_lease")
+        return super().acquire_lease(run_id, owner, now_ms, ttl_ms, steal_from)
+
+    def release_lease(self, run_id: str, owner: str) -> None:
+        self.extra.append("release_lease")
+        super().release_lease(run_id, owner)
+
+
+def test_a_run_is_leased_from_its_creation_until_its_last_commit(tmp_path: Path) -> None:
+    holders: list[Any] = []
+
+    def look(ctx: Any) -> None:
+        holders.append(ctx.store.get_run(ctx.flow_run_id).leaseOwner)
+
+    store = _CountingStore(tmp_path / "runs.db")
+    kernel = Kernel(store, registry=registry(look=look))
+    compiled = kernel.compile(flow([py("a", "look"), py("b", "look")], [{"from": "a", "to": "b"}]))
+    at_end: list[Any] = []
+    snap = anyio.run(lambda: kernel.run(compiled, {}, on_event=lambda ev: at_end.append(
+        (ev.type, store.get_run(ev.flowRunId or "").leaseOwner))))
+    assert snap.status == "completed"
+    assert holders == [kernel.owner, kernel.owner], "nobody else may execute the run while it runs"
+    assert at_end[-1] == ("flow:complete", None), "the commit that completes the run ends its lease"
+    # The flow, the run and its lease were stored together; the lease ended with the last commit.
+    assert store.extra == []
+    # Another process may take the run over at once: here it finds it completed.
+    other = Kernel(SqliteStore(tmp_path / "runs.db"), registry=registry(look=look))
+    assert anyio.run(other.execute, snap.runId).status == "completed"
+
+
+@pytest.mark.no_audit  # the change bypasses the log, and the replay audit rightly says so
+def test_a_run_changes_its_own_copy_of_the_flows_initial_state(tmp_path: Path) -> None:
+    def grab(ctx: Any) -> int:
+        ctx.state["items"].append("changed in place")  # wrong (state is read-only), and must stay local
+        return len(ctx.state["items"])
+
+    kernel = Kernel(SqliteStore(tmp_path / "runs.db"), registry=registry(grab=grab))
+    compiled = kernel.compile(flow([py("a", "grab")], state={"initial": {"items": []}}))
+    first = anyio.run(kernel.run, compiled, {})
+    second = anyio.run(kernel.run, compiled, {})
+    assert first.outputs["a"] == second.outputs["a"] == 1
+    assert compiled.initial_state == {"items": []}

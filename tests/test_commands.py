@@ -342,6 +342,35 @@ def test_a_cooperative_node_finishes_its_current_step_on_pause(tmp_path: Path) -
     assert done.status == "completed" and done.outputs["s"] == [0, 1, 2]
 
 
+def test_a_paused_run_keeps_its_lease_until_its_node_runs_have_finished(tmp_path: Path) -> None:
+    stepper = _Stepper()
+    reg = registry()
+    reg.add_node_type(stepper)
+    kernel = Kernel(SqliteStore(tmp_path / "runs.db"), registry=reg)
+    run_id = kernel.create_run(kernel.compile(flow([{"id": "s", "type": "test.stepper"}])), {})
+    holder_at_pause: list[str | None] = []
+
+    def watch(ev: Any) -> None:
+        if ev.type == "flow:paused":  # committed while the stepper still finishes its step
+            holder_at_pause.append(kernel.store.get_run(run_id).leaseOwner)
+
+    async def main() -> Any:
+        result: list[Any] = []
+        async with anyio.create_task_group() as tg:
+            async def execute() -> None:
+                result.append(await kernel.execute(run_id, on_event=watch))
+
+            tg.start_soon(execute)
+            while "s" not in kernel.snapshot(run_id).nodeRuns:
+                await anyio.sleep(0.01)
+            await kernel.command(run_id, Command(kind="pause"))
+        return result[0]
+
+    assert anyio.run(main).status == "paused"
+    assert holder_at_pause == [kernel.owner], "a node run in flight may still write: the lease is kept"
+    assert kernel.store.get_run(run_id).leaseOwner is None
+
+
 def test_a_cooperative_node_that_ignores_the_pause_is_cancelled_after_the_grace_period(tmp_path: Path) -> None:
     stepper = _Stepper(stubborn=True)
     reg = registry()

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import anyio
 import pytest
+from msgspec.structs import replace
 
 from kernel.api import Kernel
 from kernel.errors import StoreError, UnknownRunError
@@ -167,6 +168,39 @@ def test_the_log_refuses_a_second_writer_and_unknown_runs_are_named(open_store: 
         store.acquire_lease("run_nope", "w1", 0, 1000)
     with pytest.raises(StoreError, match="missing"):
         store.get_flow("nope")
+
+
+@pytest.mark.no_audit
+def test_a_run_is_created_with_its_flow_and_its_lease_in_one_transaction(open_store: Callable[[], Store]) -> None:
+    store = open_store()
+    leased = replace(_record("run_a"), leaseOwner="w1", leaseExpiresAt=5000)
+    store.create_run(leased, [_event(1)], b"{}", document='{"name": "f"}')
+    assert store.get_flow("h1") == '{"name": "f"}'
+    assert (store.get_run("run_a").leaseOwner, store.get_run("run_a").leaseExpiresAt) == ("w1", 5000)
+    assert store.acquire_lease("run_a", "w2", now_ms=4000, ttl_ms=500) == "w1"
+    # A second run of a stored flow leaves the stored document as it is.
+    store.create_run(_record("run_b"), [_event(1)], b"{}", document='{"name": "f"}')
+    assert store.get_flow("h1") == '{"name": "f"}'
+    # A refused run stores nothing, not even its flow.
+    with pytest.raises(StoreError):
+        store.create_run(replace(_record("run_a"), flowHash="h2"), [_event(1)], b"{}", document='{"name": "g"}')
+    with pytest.raises(StoreError, match="missing"):
+        store.get_flow("h2")
+
+
+@pytest.mark.no_audit
+def test_the_commit_that_stops_a_run_can_end_its_holders_lease(open_store: Callable[[], Store]) -> None:
+    store = open_store()
+    store.create_run(replace(_record("run_a"), leaseOwner="w1", leaseExpiresAt=5000), [_event(1)], b"{}")
+    store.commit("run_a", [_event(2)], "completed", 2, None, None, release="w1")
+    run = store.get_run("run_a")
+    assert (run.status, run.seq, run.leaseOwner, run.leaseExpiresAt) == ("completed", 2, None, None)
+
+    # Not the holder any more (the lease was taken over): the status is written, the lease stays.
+    store.create_run(replace(_record("run_b"), leaseOwner="w2", leaseExpiresAt=5000), [_event(1)], b"{}")
+    store.commit("run_b", [_event(2)], "failed", 2, "boom", None, release="w1")
+    run = store.get_run("run_b")
+    assert (run.status, run.error, run.leaseOwner, run.leaseExpiresAt) == ("failed", "boom", "w2", 5000)
 
 
 @pytest.mark.no_audit

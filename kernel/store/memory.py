@@ -39,11 +39,13 @@ class MemoryStore:
             raise StoreError(f"flow {flow_hash} is not in the store") from None
 
     def create_run(self, record: RunRecord, events: Sequence[EventRow], checkpoint: bytes,
-                   blobs: Mapping[str, bytes] | None = None) -> None:
+                   blobs: Mapping[str, bytes] | None = None, *, document: str | None = None) -> None:
         with self._lock:
-            self._blobs.update(blobs or {})
             if record.runId in self._runs:
                 raise StoreError(f"run {record.runId} already exists")
+            if document is not None:
+                self._flows.setdefault(record.flowHash, document)
+            self._blobs.update(blobs or {})
             self._runs[record.runId] = record
             self._events[record.runId] = [row[2] for row in events]
             self._checkpoints[record.runId] = [(record.seq, checkpoint)]
@@ -61,14 +63,17 @@ class MemoryStore:
         return sorted(runs, key=lambda r: (r.createdAt, r.runId), reverse=True)[:limit]
 
     def commit(self, run_id: str, events: Sequence[EventRow], status: str, seq: int, error: str | None,
-               checkpoint: bytes | None, blobs: Mapping[str, bytes] | None = None) -> None:
+               checkpoint: bytes | None, blobs: Mapping[str, bytes] | None = None, release: str | None = None) -> None:
         with self._lock:
             self._blobs.update(blobs or {})
             log = self._events[run_id]
             if events and events[0][0] != len(log) + 1:
                 raise StoreError(f"run {run_id}: seq {events[0][0]} does not follow {len(log)}")
             log.extend(row[2] for row in events)
-            self._runs[run_id] = replace(self._runs[run_id], status=status, seq=seq, error=error, updatedAt=now_ms())
+            rec = replace(self._runs[run_id], status=status, seq=seq, error=error, updatedAt=now_ms())
+            if release is not None and rec.leaseOwner == release:
+                rec = replace(rec, leaseOwner=None, leaseExpiresAt=None)
+            self._runs[run_id] = rec
             if checkpoint is not None:
                 self._checkpoints[run_id] = [(seq, checkpoint)]
             self._version += 1

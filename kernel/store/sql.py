@@ -163,6 +163,11 @@ class SqlStore(ABC):
     _sql_run_no: ClassVar[str] = "SELECT run_no FROM runs WHERE run_id = ?"
     _sql_update_status: ClassVar[str] = ("UPDATE runs SET status = ?, seq = ?, error = ?, updated_at = ? "
                                          "WHERE run_id = ?")
+    # The same, ending the lease of a holder (if it still holds it): SET sees the row as it was.
+    _sql_update_status_release: ClassVar[str] = (
+        "UPDATE runs SET status = ?, seq = ?, error = ?, updated_at = ?, "
+        "lease_expires_at = CASE WHEN lease_owner = ? THEN NULL ELSE lease_expires_at END, "
+        "lease_owner = CASE WHEN lease_owner = ? THEN NULL ELSE lease_owner END WHERE run_id = ?")
     _sql_read_events: ClassVar[str] = "SELECT body FROM events WHERE id > ? AND id <= ? ORDER BY id"
     _sql_read_checkpoint: ClassVar[str] = ("SELECT seq, body FROM checkpoints WHERE run_id = ? AND seq <= ? "
                                            "ORDER BY seq DESC LIMIT 1")
@@ -245,8 +250,10 @@ class SqlStore(ABC):
         return str(rows[0][0])
 
     def create_run(self, record: RunRecord, events: Sequence[EventRow], checkpoint: bytes,
-                   blobs: Mapping[str, bytes] | None = None) -> None:
+                   blobs: Mapping[str, bytes] | None = None, *, document: str | None = None) -> None:
         with self._tx(self._RUN_EXISTS, record.runId) as db:
+            if document is not None:
+                db.execute(self._sql_insert_flow, (record.flowHash, record.flowName, document, now_ms()))
             db.execute(
                 self._sql_insert_run,
                 (record.runId, record.flowName, record.flowHash, record.status, record.seq,
@@ -329,11 +336,13 @@ class SqlStore(ABC):
     # -- the log ----------------------------------------------------------------------------
 
     def commit(self, run_id: str, events: Sequence[EventRow], status: str, seq: int, error: str | None,
-               checkpoint: bytes | None, blobs: Mapping[str, bytes] | None = None) -> None:
+               checkpoint: bytes | None, blobs: Mapping[str, bytes] | None = None, release: str | None = None) -> None:
         try:
             with self._tx(self._OUT_OF_ORDER, run_id) as db:
                 self._insert_events(db, run_id, events)
-                if self._known_status.get(run_id) != (status, error):
+                if release is not None:
+                    db.execute(self._sql_update_status_release, (status, seq, error, now_ms(), release, release, run_id))
+                elif self._known_status.get(run_id) != (status, error):
                     db.execute(self._sql_update_status, (status, seq, error, now_ms(), run_id))
                 self._insert_blobs(db, blobs)
                 if checkpoint is not None:
