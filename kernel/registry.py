@@ -11,7 +11,6 @@ import importlib
 import os
 import sys
 from collections.abc import Callable, Iterable, Iterator
-from importlib.metadata import entry_points
 from typing import Any, TypeVar
 
 from kernel.errors import InvalidInputError
@@ -155,6 +154,10 @@ def default_registry() -> Registry:
 
 
 def _load_entry_points(reg: Registry) -> None:
+    # Imported here: importlib.metadata costs ~20 ms at start-up, and runs of built-in node types
+    # and registered functions never get here.
+    from importlib.metadata import entry_points
+
     for group, add in (("flowkernel.nodes", lambda n, v: reg.add_node_type(v)),
                        ("flowkernel.functions", reg.add_function),
                        ("flowkernel.tools", reg.add_tool)):

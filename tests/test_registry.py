@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import subprocess
 import sys
 from importlib.metadata import EntryPoint
@@ -10,7 +11,6 @@ from typing import Any
 
 import pytest
 
-import kernel.registry as registry_module
 from kernel.registry import Registry
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -28,7 +28,7 @@ def test_entry_points_register_functions_node_types_and_tools_on_first_lookup(mo
         asked.append(group)
         return groups.get(group, [])
 
-    monkeypatch.setattr(registry_module, "entry_points", fake_entry_points)
+    monkeypatch.setattr(importlib.metadata, "entry_points", fake_entry_points)
     reg = Registry()
     assert asked == []  # nothing scanned yet
     assert reg.functions.get("loud") is not None and reg.functions["loud"]("x") == "X!"
@@ -42,15 +42,17 @@ def test_a_broken_entry_point_is_skipped_with_a_message(monkeypatch: pytest.Monk
     def fake_entry_points(group: str) -> list[Any]:
         return [EntryPoint("bad", "no_such_module:thing", group)] if group == "flowkernel.functions" else []
 
-    monkeypatch.setattr(registry_module, "entry_points", fake_entry_points)
+    monkeypatch.setattr(importlib.metadata, "entry_points", fake_entry_points)
     reg = Registry()
     assert reg.functions.get("bad") is None
     assert "skipping entry point flowkernel.functions:bad" in capsys.readouterr().err
 
 
 def test_importing_the_api_and_resuming_needs_neither_the_sdk_nor_validation_libraries() -> None:
+    # importlib.metadata too: entry points are scanned only when a lookup misses the built-ins.
     code = ("import sys, kernel.api, kernel.store.sqlite, kernel.cli\n"
-            "heavy = [m for m in ('anthropic', 'networkx', 'pydantic', 'jsonschema') if m in sys.modules]\n"
+            "heavy = [m for m in ('anthropic', 'networkx', 'pydantic', 'jsonschema', 'importlib.metadata')\n"
+            "         if m in sys.modules]\n"
             "print(','.join(heavy))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr

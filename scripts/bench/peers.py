@@ -23,7 +23,6 @@ from __future__ import annotations
 import operator
 import sqlite3
 import sys
-from importlib.metadata import version
 from pathlib import Path
 from typing import Annotated, Any, Protocol, TypedDict
 
@@ -57,6 +56,8 @@ class ChainNode(Protocol):
 
 def describe() -> str:
     parts = ("langgraph", "langgraph-checkpoint", "langgraph-checkpoint-sqlite")
+    from importlib.metadata import version  # here, not at import: it would weigh on S3's fresh process
+
     return ", ".join(f"{p} {version(p)}" for p in parts) + " (SqliteSaver, durability='sync')"
 
 
