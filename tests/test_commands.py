@@ -315,12 +315,12 @@ class _Stepper:
         return list(self.steps_done)
 
 
-def _pause_while_running(kernel: Kernel, run_id: str) -> Any:
+def _pause_while_running(kernel: Kernel, run_id: str, on_event: Any = None) -> Any:
     async def main() -> Any:
         result: list[Any] = []
         async with anyio.create_task_group() as tg:
             async def execute() -> None:
-                result.append(await kernel.execute(run_id))
+                result.append(await kernel.execute(run_id, on_event=on_event))
 
             tg.start_soon(execute)
             while "s" not in kernel.snapshot(run_id).nodeRuns:
@@ -354,19 +354,7 @@ def test_a_paused_run_keeps_its_lease_until_its_node_runs_have_finished(tmp_path
         if ev.type == "flow:paused":  # committed while the stepper still finishes its step
             holder_at_pause.append(kernel.store.get_run(run_id).leaseOwner)
 
-    async def main() -> Any:
-        result: list[Any] = []
-        async with anyio.create_task_group() as tg:
-            async def execute() -> None:
-                result.append(await kernel.execute(run_id, on_event=watch))
-
-            tg.start_soon(execute)
-            while "s" not in kernel.snapshot(run_id).nodeRuns:
-                await anyio.sleep(0.01)
-            await kernel.command(run_id, Command(kind="pause"))
-        return result[0]
-
-    assert anyio.run(main).status == "paused"
+    assert _pause_while_running(kernel, run_id, on_event=watch).status == "paused"
     assert holder_at_pause == [kernel.owner], "a node run in flight may still write: the lease is kept"
     assert kernel.store.get_run(run_id).leaseOwner is None
 
