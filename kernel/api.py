@@ -247,11 +247,12 @@ class Kernel:
             drafts = list(first or [])
             if before is not None:
                 drafts = before(snap) + drafts
-            checkpoint = self.store.read_checkpoint(run_id) if snap.status == "running" or drafts else None
+            idle = snap.status != "running" and not drafts  # stopped, and nothing asks it to go on
+            checkpoint = None if idle else self.store.read_checkpoint(run_id)
         except BaseException:
             self.store.release_lease(run_id, self.owner)
             raise
-        if snap.status != "running" and not drafts:
+        if idle:
             self.store.release_lease(run_id, self.owner)
             return snap
         return await self._execute(flow, snap, drafts, on_event, len(checkpoint[1]) if checkpoint else 0)

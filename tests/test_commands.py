@@ -315,6 +315,14 @@ class _Stepper:
         return list(self.steps_done)
 
 
+def _stepper_run(tmp_path: Path, stepper: _Stepper, services: dict[str, Any] | None = None) -> tuple[Kernel, str]:
+    """A kernel that knows ``stepper``, and a created run of a flow made of it alone."""
+    reg = registry()
+    reg.add_node_type(stepper)
+    kernel = Kernel(SqliteStore(tmp_path / "runs.db"), registry=reg, services=services)
+    return kernel, kernel.create_run(kernel.compile(flow([{"id": "s", "type": "test.stepper"}])), {})
+
+
 def _pause_while_running(kernel: Kernel, run_id: str, on_event: Any = None) -> Any:
     async def main() -> Any:
         result: list[Any] = []
@@ -332,10 +340,7 @@ def _pause_while_running(kernel: Kernel, run_id: str, on_event: Any = None) -> A
 
 def test_a_cooperative_node_finishes_its_current_step_on_pause(tmp_path: Path) -> None:
     stepper = _Stepper()
-    reg = registry()
-    reg.add_node_type(stepper)
-    kernel = Kernel(SqliteStore(tmp_path / "runs.db"), registry=reg)
-    run_id = kernel.create_run(kernel.compile(flow([{"id": "s", "type": "test.stepper"}])), {})
+    kernel, run_id = _stepper_run(tmp_path, stepper)
     assert _pause_while_running(kernel, run_id).status == "paused"
     assert stepper.steps_done == [0]  # the step in flight finished; the next one did not start
     done = anyio.run(kernel.resume, run_id)
@@ -344,10 +349,7 @@ def test_a_cooperative_node_finishes_its_current_step_on_pause(tmp_path: Path) -
 
 def test_a_paused_run_keeps_its_lease_until_its_node_runs_have_finished(tmp_path: Path) -> None:
     stepper = _Stepper()
-    reg = registry()
-    reg.add_node_type(stepper)
-    kernel = Kernel(SqliteStore(tmp_path / "runs.db"), registry=reg)
-    run_id = kernel.create_run(kernel.compile(flow([{"id": "s", "type": "test.stepper"}])), {})
+    kernel, run_id = _stepper_run(tmp_path, stepper)
     holder_at_pause: list[str | None] = []
 
     def watch(ev: Any) -> None:
@@ -361,9 +363,6 @@ def test_a_paused_run_keeps_its_lease_until_its_node_runs_have_finished(tmp_path
 
 def test_a_cooperative_node_that_ignores_the_pause_is_cancelled_after_the_grace_period(tmp_path: Path) -> None:
     stepper = _Stepper(stubborn=True)
-    reg = registry()
-    reg.add_node_type(stepper)
-    kernel = Kernel(SqliteStore(tmp_path / "runs.db"), registry=reg, services={"pause_grace_s": 0.1})
-    run_id = kernel.create_run(kernel.compile(flow([{"id": "s", "type": "test.stepper"}])), {})
+    kernel, run_id = _stepper_run(tmp_path, stepper, services={"pause_grace_s": 0.1})
     paused = _pause_while_running(kernel, run_id)
     assert paused.status == "paused" and paused.nodeStatus["s"] == "running"  # interrupted, re-run on resume
