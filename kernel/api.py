@@ -19,13 +19,11 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import anyio
 import msgspec
-from msgspec.structs import replace
-
-from kernel.checkpoint import encode_checkpoint, load_checkpoint
-from kernel.commands import Command, CommandOutcome, judge_command
-from kernel.compiler import CompiledFlow, compile_flow, load_flow
-from kernel.errors import CommandRejectedError, InvalidInputError, RunBusyError, RunInputError, StoreError
-from kernel.events import (
+from flowkernel.checkpoint import encode_checkpoint, load_checkpoint
+from flowkernel.commands import Command, CommandOutcome, judge_command
+from flowkernel.compiler import CompiledFlow, compile_flow, load_flow
+from flowkernel.errors import CommandRejectedError, InvalidInputError, RunBusyError, RunInputError, StoreError
+from flowkernel.events import (
     BaseEvent,
     CommandReceived,
     Event,
@@ -36,16 +34,17 @@ from kernel.events import (
     decode,
     encode,
 )
-from kernel.ids import new_run_id, now_ms
-from kernel.reducer import fold, initial_snapshot
-from kernel.registry import Registry, default_registry
-from kernel.runner import COMMAND_POLL_S, EventListener, RunExecution
-from kernel.snapshot import RunSnapshot
-from kernel.store.base import EventRow, RunRecord, Store
+from flowkernel.ids import new_run_id, now_ms
+from flowkernel.reducer import fold, initial_snapshot
+from flowkernel.registry import Registry, default_registry
+from flowkernel.runner import COMMAND_POLL_S, EventListener, RunExecution
+from flowkernel.snapshot import RunSnapshot
+from flowkernel.store.base import EventRow, RunRecord, Store
+from msgspec.structs import replace
 
 if TYPE_CHECKING:
-    from kernel.history import Page
-from kernel.store.open import open_store
+    from flowkernel.history import Page
+from flowkernel.store.open import open_store
 
 LEASE_TTL_MS = 15_000
 
@@ -202,7 +201,7 @@ class Kernel:
                  session_id: str | None = None, after: int = 0, limit: int = 100) -> Page:
         """A page of stored agent messages (of a node run, a run or a session); pass
         ``nextCursor`` back as ``after`` for the next page."""
-        from kernel.history import list_messages
+        from flowkernel.history import list_messages
 
         return list_messages(self.store, run_id=run_id, flow_run_id=flow_run_id, session_id=session_id,
                              after=after, limit=limit)
@@ -211,7 +210,7 @@ class Kernel:
                    session_id: str | None = None, tool_name: str | None = None, status: str | None = None,
                    after: int = 0, limit: int = 100) -> Page:
         """A page of stored tool calls, filtered by tool name and status (``completed`` | ``error``)."""
-        from kernel.history import list_tool_calls
+        from flowkernel.history import list_tool_calls
 
         return list_tool_calls(self.store, run_id=run_id, flow_run_id=flow_run_id, session_id=session_id,
                                tool_name=tool_name, status=status, after=after, limit=limit)
@@ -419,7 +418,7 @@ class Kernel:
             self.store.release_lease(run_id, self.owner)
 
     def _append_now(self, snap: RunSnapshot, drafts: list[BaseEvent]) -> RunSnapshot:
-        from kernel.reducer import apply
+        from flowkernel.reducer import apply
 
         flow = self.flow_of(snap.runId)
         rows: list[EventRow] = []

@@ -14,12 +14,11 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import msgspec
+from flowkernel.snapshot import RunSnapshot
 from msgspec.structs import replace
 
-from kernel.snapshot import RunSnapshot
-
 if TYPE_CHECKING:
-    from kernel.store.base import Store
+    from flowkernel.store.base import Store
 
 CHUNK = 64  # list items per chunk
 INLINE_BYTES = 512  # values smaller than this stay in the skeleton

@@ -10,9 +10,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from kernel.compiler import CompiledFlow
-from kernel.events import CommandReceived
-from kernel.snapshot import RunSnapshot
+from flowkernel.compiler import CompiledFlow
+from flowkernel.events import CommandReceived
+from flowkernel.snapshot import RunSnapshot
 
 KINDS = ("send", "reply", "resume", "pause", "abort", "retry")
 

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kernel.errors import FlowValidationError, Problem
-from kernel.expressions import (
+from flowkernel.errors import FlowValidationError, Problem
+from flowkernel.expressions import (
     Condition,
     Expr,
     Template,
@@ -21,7 +21,7 @@ from kernel.expressions import (
     compile_when,
     strip_braces,
 )
-from kernel.flowfile import canonical_json, flow_hash, read_flow_document
+from flowkernel.flowfile import canonical_json, flow_hash, read_flow_document
 
 RESERVED_IDS = frozenset({"flow", "state"})
 
@@ -98,8 +98,11 @@ class CompiledFlow:
         return schema if isinstance(schema, dict) else None
 
 
-def load_flow(path: str | Path, node_types: Container[str] | None = None) -> CompiledFlow:
-    """Read, validate and compile a flow file; raises FlowFileError or FlowValidationError."""
+def load_flow(path: str | Path, node_types: Container[str]) -> CompiledFlow:
+    """Read, validate and compile a flow file; raises FlowFileError or FlowValidationError.
+
+    ``node_types``: the node types runs may use (``Registry.node_types``); a type not in it is an error.
+    """
     p = Path(path)
     document, _ = read_flow_document(p)
     return compile_flow(document, source=str(p), base_dir=p.resolve().parent, node_types=node_types)
@@ -107,24 +110,21 @@ def load_flow(path: str | Path, node_types: Container[str] | None = None) -> Com
 
 def compile_flow(
     document: Any,
+    node_types: Container[str],
     source: str = "<flow>",
     base_dir: Path | None = None,
-    node_types: Container[str] | None = None,
     *,
     trusted: bool = False,
 ) -> CompiledFlow:
-    """Validate ``document`` and compile it. ``node_types`` defaults to the default registry's.
+    """Validate ``document`` and compile it; ``node_types`` are the types it may use (a registry's
+    ``node_types``, whose entries may also ``check`` their node's input).
 
     ``trusted``: the document was validated before (a stored, content-addressed flow), so the
     cross-node checks are skipped; resuming a run then does not pay for them (nor import networkx).
     """
-    if node_types is None:
-        from kernel.registry import default_registry
-
-        node_types = default_registry().node_types
     problems: list[Problem] = []
     if not trusted:
-        from kernel.flow import parse_flow  # pydantic: only where a user's file is checked
+        from flowkernel.flow import parse_flow  # pydantic: only where a user's file is checked
 
         try:
             parse_flow(document, source)

@@ -13,8 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import jsonata
-
-from kernel.errors import ExpressionError, Problem
+from flowkernel.errors import ExpressionError, Problem
 
 _BINDING = re.compile(r"\{\{(.*?)\}\}", re.DOTALL)
 

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
+from flowkernel.errors import FlowValidationError, Problem
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema
-
-from kernel.errors import FlowValidationError, Problem
 
 _WHEN_SCHEMA: dict[str, Any] = {
     "description": "A JSONata string, or the structured form equals / not / and / or.",
@@ -25,7 +24,7 @@ _WHEN_SCHEMA: dict[str, Any] = {
     ],
 }
 
-# Checked structurally by the compiler (kernel.expressions.parse_when), which reports JSON paths.
+# Checked structurally by the compiler (flowkernel.expressions.parse_when), which reports JSON paths.
 When = Annotated[Any, WithJsonSchema({"x-when": True})]
 
 

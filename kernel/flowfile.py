@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from kernel.errors import FlowFileError
+from flowkernel.errors import FlowFileError
 
 
 def read_flow_document(path: Path) -> tuple[dict[str, Any], str]:

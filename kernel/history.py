@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 from typing import Any, TypedDict
 
-from kernel.errors import InvalidInputError
-from kernel.store.base import Store
+from flowkernel.errors import InvalidInputError
+from flowkernel.store.base import Store
 
 MAX_LIMIT = 1000
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol, TypedDict
 
-from kernel.events import BaseEvent
+from flowkernel.events import BaseEvent
 
 
 class ModelMessage(TypedDict, total=False):

@@ -15,10 +15,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from msgspec.structs import replace
-
-from kernel.compiler import CompiledFlow
-from kernel.events import (
+from flowkernel.compiler import CompiledFlow
+from flowkernel.events import (
     AgentStart,
     BaseEvent,
     CommandReceived,
@@ -39,8 +37,9 @@ from kernel.events import (
     NodeWaiting,
     StatePatch,
 )
-from kernel.snapshot import ForEachState, InboxMessage, NodeFault, RunSnapshot, Waiting
-from kernel.state_ops import apply_patch
+from flowkernel.snapshot import ForEachState, InboxMessage, NodeFault, RunSnapshot, Waiting
+from flowkernel.state_ops import apply_patch
+from msgspec.structs import replace
 
 ALL: frozenset[str] = frozenset({"*"})  # "every node may be affected"
 

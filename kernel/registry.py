@@ -13,8 +13,8 @@ import sys
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
-from kernel.errors import InvalidInputError
-from kernel.node import NodeType
+from flowkernel.errors import InvalidInputError
+from flowkernel.node import NodeType
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -143,7 +143,7 @@ def default_registry() -> Registry:
     """The process-wide registry: built-in node types, entry points and ``FLOWKERNEL_PLUGINS``."""
     global _default
     if _default is None:
-        from nodes import BUILTIN_NODE_TYPES
+        from flowkernel.nodes import BUILTIN_NODE_TYPES
 
         reg = Registry()
         for name, target in BUILTIN_NODE_TYPES.items():

@@ -9,9 +9,9 @@ import time
 from collections import Counter
 from typing import Any, TextIO
 
-from kernel.events import BaseEvent, to_dict
-from kernel.snapshot import RunSnapshot
-from kernel.store.base import RunRecord
+from flowkernel.events import BaseEvent, to_dict
+from flowkernel.snapshot import RunSnapshot
+from flowkernel.store.base import RunRecord
 
 
 def _color(stream: TextIO) -> bool:

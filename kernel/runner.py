@@ -19,13 +19,12 @@ import anyio
 import anyio.lowlevel
 import msgspec
 from anyio.abc import TaskGroup
-from msgspec.structs import replace
-
-from kernel.checkpoint import encode_checkpoint
-from kernel.commands import Command, CommandOutcome, judge_command
-from kernel.compiler import CompiledFlow
-from kernel.errors import FlowkernelError, NodeFailure, StoreError
-from kernel.events import (
+from flowkernel.checkpoint import encode_checkpoint
+from flowkernel.commands import Command, CommandOutcome, judge_command
+from flowkernel.compiler import CompiledFlow
+from flowkernel.context import NodeContext
+from flowkernel.errors import FlowkernelError, NodeFailure, StoreError
+from flowkernel.events import (
     BaseEvent,
     EdgeFire,
     EdgeSkip,
@@ -43,14 +42,15 @@ from kernel.events import (
     decode,
     encoder,
 )
-from kernel.expressions import is_constant
-from kernel.ids import new_node_run_id
-from kernel.node import Interrupted, NodeContext, WaitFor
-from kernel.reducer import ALL, apply, own
-from kernel.registry import Registry
-from kernel.scheduling import decide
-from kernel.snapshot import InboxMessage, RunSnapshot
-from kernel.store.base import EventRow, Store
+from flowkernel.expressions import is_constant
+from flowkernel.ids import new_node_run_id
+from flowkernel.node import Interrupted, WaitFor
+from flowkernel.reducer import ALL, apply, own
+from flowkernel.registry import Registry
+from flowkernel.scheduling import decide
+from flowkernel.snapshot import InboxMessage, RunSnapshot
+from flowkernel.store.base import EventRow, Store
+from msgspec.structs import replace
 
 EventListener = Callable[[BaseEvent], None]
 

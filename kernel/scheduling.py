@@ -12,9 +12,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from kernel.compiler import CompiledFlow, CompiledNode
-from kernel.errors import ExpressionError
-from kernel.events import (
+from flowkernel.compiler import CompiledFlow, CompiledNode
+from flowkernel.errors import ExpressionError
+from flowkernel.events import (
     BaseEvent,
     EdgeFire,
     EdgeSkip,
@@ -27,8 +27,8 @@ from kernel.events import (
     NodeSkipped,
     NodeStart,
 )
-from kernel.expressions import ALWAYS, is_constant
-from kernel.snapshot import ForEachState, RunSnapshot
+from flowkernel.expressions import ALWAYS, is_constant
+from flowkernel.snapshot import ForEachState, RunSnapshot
 
 EMPTY: Mapping[str, Any] = {}
 

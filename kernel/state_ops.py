@@ -5,7 +5,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
-from kernel.errors import NodeFailure
+from flowkernel.errors import NodeFailure
 
 OPS = ("set", "merge", "append")
 

@@ -2,7 +2,7 @@
 run from the snapshot after any event (``fork``).
 
 ``rerun`` turns a run into a regression test: the flow as it is *now* runs again, in memory, with the
-run's own model calls as fixtures (``kernel.testing.fixtures``) and its human replies given back in
+run's own model calls as fixtures (``flowkernel.fixtures``) and its human replies given back in
 order; the report names the first point where the two executions part (a changed prompt, an extra
 or missing model call, a different edge decision, another output) or says they match.
 
@@ -20,9 +20,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from kernel.checkpoint import encode_checkpoint
-from kernel.errors import InvalidInputError
-from kernel.events import (
+from flowkernel.checkpoint import encode_checkpoint
+from flowkernel.errors import InvalidInputError
+from flowkernel.events import (
     AgentStart,
     BaseEvent,
     CommandReceived,
@@ -37,14 +37,14 @@ from kernel.events import (
     encode,
     to_dict,
 )
-from kernel.ids import new_run_id, now_ms
-from kernel.reducer import fold
-from kernel.snapshot import RunSnapshot
-from kernel.store.base import EventRow, RunRecord
+from flowkernel.ids import new_run_id, now_ms
+from flowkernel.reducer import fold
+from flowkernel.snapshot import RunSnapshot
+from flowkernel.store.base import EventRow, RunRecord
 
 if TYPE_CHECKING:
-    from kernel.api import Kernel
-    from kernel.compiler import CompiledFlow
+    from flowkernel.api import Kernel
+    from flowkernel.compiler import CompiledFlow
 
 _ID = re.compile(r"\b(run|nr|ses)_[0-9a-z]{20}")
 _VOLATILE_KEYS = frozenset({"seq", "timestamp", "flowRunId", "runId", "cause", "durationMs", "resumedFrom"})
@@ -170,9 +170,9 @@ async def rerun(kernel: Kernel, run_id: str, *, flow: CompiledFlow | None = None
                 on_event: Callable[[BaseEvent], None] | None = None) -> RerunReport:
     """Execute ``run_id``'s flow again (the file as it is now, else the stored definition) on an
     in-memory store, from the run's own recorded model calls and replies; report the first divergence."""
-    from kernel.api import Kernel as KernelClass
-    from kernel.store.memory import MemoryStore
-    from kernel.testing.fixtures import MockQuery, fixtures_from_run, write_fixtures
+    from flowkernel.api import Kernel as KernelClass
+    from flowkernel.fixtures import MockQuery, fixtures_from_run, write_fixtures
+    from flowkernel.store.memory import MemoryStore
 
     record = kernel.store.get_run(run_id)
     if flow is None:

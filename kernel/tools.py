@@ -25,8 +25,7 @@ from typing import Any, TypeVar, get_type_hints, overload
 
 import anyio.to_thread
 import pydantic
-
-from kernel.errors import InvalidInputError
+from flowkernel.errors import InvalidInputError
 
 ASK_HUMAN = "ask_human"
 

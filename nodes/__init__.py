@@ -1,13 +1,13 @@
-"""Built-in node types, imported on first use (see ``kernel.registry.LazyMap``)."""
+"""Built-in node types, imported on first use (see ``flowkernel.registry.LazyMap``)."""
 
 from __future__ import annotations
 
 BUILTIN_NODE_TYPES: dict[str, str] = {
-    "noop": "nodes.basic:NoopNode",
-    "transform": "nodes.basic:TransformNode",
-    "state.set": "nodes.basic:StateSetNode",
-    "python": "nodes.python_fn:PythonNode",
-    "human.input": "nodes.human:HumanInputNode",
-    "flow.call": "nodes.flow_call:FlowCallNode",
-    "claude.agent": "nodes.claude:ClaudeAgentNode",
+    "noop": "flowkernel.nodes.basic:NoopNode",
+    "transform": "flowkernel.nodes.basic:TransformNode",
+    "state.set": "flowkernel.nodes.basic:StateSetNode",
+    "python": "flowkernel.nodes.python_fn:PythonNode",
+    "human.input": "flowkernel.nodes.human:HumanInputNode",
+    "flow.call": "flowkernel.nodes.flow_call:FlowCallNode",
+    "claude.agent": "flowkernel.nodes.claude:ClaudeAgentNode",
 }

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from kernel.errors import ExpressionError, NodeFailure, Problem
-from kernel.expressions import Expr, compile_expr, strip_braces
-from kernel.node import NodeContext
-from kernel.state_ops import OPS, get_path
+from flowkernel.context import NodeContext
+from flowkernel.errors import ExpressionError, NodeFailure, Problem
+from flowkernel.expressions import Expr, compile_expr, strip_braces
+from flowkernel.state_ops import OPS, get_path
 
 
 class NoopNode:

@@ -7,13 +7,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import anyio
-
-from kernel.errors import FlowkernelError, NodeFailure, Problem
-from kernel.events import NodeStart
-from kernel.node import INTERRUPTED, NodeContext, WaitFor
+from flowkernel.context import NodeContext
+from flowkernel.errors import FlowkernelError, NodeFailure, Problem
+from flowkernel.events import NodeStart
+from flowkernel.node import INTERRUPTED, WaitFor
 
 if TYPE_CHECKING:
-    from kernel.api import Kernel
+    from flowkernel.api import Kernel
 
 DEFAULT_MAX_DEPTH = 8
 
@@ -79,7 +79,7 @@ class FlowCallNode:
         raise NodeFailure(f"child run {child_id} ({target}) {snap.status}: {snap.error}", "child_" + snap.status)
 
     async def _drive(self, kernel: Kernel, ctx: NodeContext, child_id: str) -> Any:
-        from kernel.commands import Command
+        from flowkernel.commands import Command
 
         record = kernel.store.get_run(child_id)
         result: list[Any] = []
@@ -129,7 +129,7 @@ class FlowCallNode:
 
 
 def _continue_waiting(snap: Any) -> list[Any]:
-    from kernel.events import FlowResumed
+    from flowkernel.events import FlowResumed
 
     # A waiting child whose inbox now holds a reply continues; otherwise it stays as it is.
     if snap.status == "waiting" and any(snap.inbox.get(w.runId) for w in snap.waiting.values()):
@@ -138,7 +138,7 @@ def _continue_waiting(snap: Any) -> list[Any]:
 
 
 async def _abort_quietly(kernel: Kernel, child_id: str) -> None:
-    from kernel.commands import Command
+    from flowkernel.commands import Command
 
     try:
         await kernel.command(child_id, Command(kind="abort", reason="parent aborted"))

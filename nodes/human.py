@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from kernel.errors import Problem
-from kernel.node import NodeContext, WaitFor, check_json_schema
+from flowkernel.context import NodeContext
+from flowkernel.errors import Problem
+from flowkernel.node import WaitFor, check_json_schema
 
 
 class HumanInputNode:

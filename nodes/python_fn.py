@@ -6,8 +6,8 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from kernel.errors import NodeFailure, Problem
-from kernel.node import NodeContext
+from flowkernel.context import NodeContext
+from flowkernel.errors import NodeFailure, Problem
 
 
 class PythonNode:

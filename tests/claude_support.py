@@ -5,12 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from kernel.anthropic_query import AnthropicQuery
-from kernel.api import Kernel
-from kernel.events import Event
-from kernel.registry import Registry, default_registry
-from kernel.store.sqlite import SqliteStore
-from kernel.testing.fake_api import FakeAnthropic
+from flowkernel.api import Kernel
+from flowkernel.events import Event
+from flowkernel.nodes.claude.query import AnthropicQuery
+from flowkernel.registry import Registry, default_registry
+from flowkernel.store.sqlite import SqliteStore
+from flowkernel.testing.fake_api import FakeAnthropic
 
 
 def agent_flow(node_id: str = "agent", **node_input: Any) -> dict[str, Any]:

@@ -15,9 +15,9 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from kernel.store.memory import MemoryStore  # noqa: E402
-from kernel.store.sqlite import SqliteStore  # noqa: E402
-from kernel.testing.audit import audit_store  # noqa: E402
+from flowkernel.store.memory import MemoryStore  # noqa: E402
+from flowkernel.store.sqlite import SqliteStore  # noqa: E402
+from flowkernel.testing.audit import audit_store  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

@@ -5,13 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 import anyio
-
-from kernel.api import Kernel
-from kernel.events import BaseEvent
-from kernel.registry import Registry, default_registry
-from kernel.snapshot import RunSnapshot
-from kernel.store.base import Store
-from kernel.store.memory import MemoryStore
+from flowkernel.api import Kernel
+from flowkernel.events import BaseEvent
+from flowkernel.registry import Registry, default_registry
+from flowkernel.snapshot import RunSnapshot
+from flowkernel.store.base import Store
+from flowkernel.store.memory import MemoryStore
 
 
 def flow(nodes: list[dict[str, Any]], edges: list[dict[str, Any]] | None = None, **extra: Any) -> dict[str, Any]:

@@ -7,12 +7,12 @@ from typing import Any
 
 import anyio
 import pytest
+from flowkernel.api import Kernel
+from flowkernel.commands import Command
+from flowkernel.events import BaseEvent
+from flowkernel.store.sqlite import SqliteStore
 
 import tests.plugins.waiters  # noqa: F401  (registers await_message)
-from kernel.api import Kernel
-from kernel.commands import Command
-from kernel.events import BaseEvent
-from kernel.store.sqlite import SqliteStore
 from tests.helpers import flow, py, registry, run_flow, t
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -6,13 +6,13 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+from flowkernel.api import Kernel
+from flowkernel.checkpoint import CHUNK, decode_checkpoint, encode_checkpoint, load_checkpoint
+from flowkernel.context import NodeContext
+from flowkernel.snapshot import RunSnapshot
+from flowkernel.store.sqlite import SqliteStore
 from msgspec.structs import replace
 
-from kernel.api import Kernel
-from kernel.checkpoint import CHUNK, decode_checkpoint, encode_checkpoint, load_checkpoint
-from kernel.node import NodeContext
-from kernel.snapshot import RunSnapshot
-from kernel.store.sqlite import SqliteStore
 from tests.helpers import flow, py, registry
 
 

@@ -6,10 +6,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from flowkernel.errors import InvalidInputError
+from flowkernel.history import list_messages, list_tool_calls, render_conversation
+from flowkernel.testing.fake_api import FakeAnthropic, Text, ToolUse, reply
 
-from kernel.errors import InvalidInputError
-from kernel.history import list_messages, list_tool_calls, render_conversation
-from kernel.testing.fake_api import FakeAnthropic, Text, ToolUse, reply
 from tests.claude_support import agent_flow, make_kernel
 
 

@@ -12,8 +12,7 @@ from typing import Any
 
 import anyio
 import pytest
-
-from kernel.events import (
+from flowkernel.events import (
     AgentComplete,
     AgentError,
     AgentStart,
@@ -21,7 +20,7 @@ from kernel.events import (
     AgentThinkingDelta,
     AgentTool,
 )
-from kernel.testing.fake_api import (
+from flowkernel.testing.fake_api import (
     FakeAnthropic,
     Text,
     Thinking,
@@ -32,7 +31,8 @@ from kernel.testing.fake_api import (
     reply,
     stream_error,
 )
-from kernel.tools import tool
+from flowkernel.tools import tool
+
 from tests.claude_support import agent_events, agent_flow, make_kernel, stored_conversation, types
 
 
@@ -347,8 +347,8 @@ async def test_unknown_tool_name_fails_with_the_known_tools_listed(tmp_path: Pat
 
 
 def test_check_reports_every_problem_with_its_path() -> None:
-    from kernel.errors import Problem
-    from nodes.claude import ClaudeAgentNode
+    from flowkernel.errors import Problem
+    from flowkernel.nodes.claude.node import ClaudeAgentNode
 
     problems: list[Problem] = []
     ClaudeAgentNode().check({"model": 3, "session": "sometimes", "thinking": {"budgetTokens": 5000},

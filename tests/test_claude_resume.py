@@ -16,10 +16,10 @@ from pathlib import Path
 
 import anyio
 import pytest
+from flowkernel.commands import Command
+from flowkernel.events import AgentTool, BaseEvent, NodeStart
+from flowkernel.testing.fake_api import FakeAnthropic, Text, ToolUse, held, reply
 
-from kernel.commands import Command
-from kernel.events import AgentTool, BaseEvent, NodeStart
-from kernel.testing.fake_api import FakeAnthropic, Text, ToolUse, held, reply
 from tests.claude_support import agent_events, agent_flow, make_kernel, stored_conversation
 
 
@@ -137,10 +137,10 @@ async def test_send_to_a_running_agent_arrives_at_the_next_turn_boundary(tmp_pat
 
 CHILD = """
 import sys, anyio
-from kernel.anthropic_query import AnthropicQuery
-from kernel.api import Kernel
-from kernel.registry import default_registry
-from kernel.store.sqlite import SqliteStore
+from flowkernel.nodes.claude.query import AnthropicQuery
+from flowkernel.api import Kernel
+from flowkernel.registry import default_registry
+from flowkernel.store.sqlite import SqliteStore
 
 db, base_url, run_id = sys.argv[1:4]
 registry = default_registry().copy()
@@ -200,9 +200,9 @@ async def test_resume_past_the_cumulative_step_limit_is_refused_with_a_clear_err
 
 async def test_the_default_query_honours_anthropic_base_url_and_api_key(
         tmp_path: Path, fake: FakeAnthropic, monkeypatch: pytest.MonkeyPatch) -> None:
-    from kernel.api import Kernel
-    from kernel.registry import default_registry
-    from kernel.store.sqlite import SqliteStore
+    from flowkernel.api import Kernel
+    from flowkernel.registry import default_registry
+    from flowkernel.store.sqlite import SqliteStore
 
     monkeypatch.setenv("ANTHROPIC_BASE_URL", fake.base_url)
     monkeypatch.setenv("ANTHROPIC_API_KEY", "from-env")

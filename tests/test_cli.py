@@ -16,7 +16,7 @@ HELLO = ROOT / "flows" / "hello.json"
 
 
 def fk(*args: str, cwd: Path, env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "kernel.cli", *args], cwd=cwd, env=env, text=True,
+    return subprocess.run([sys.executable, "-m", "flowkernel.cli", *args], cwd=cwd, env=env, text=True,
                           capture_output=True, timeout=timeout)
 
 

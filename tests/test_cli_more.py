@@ -13,7 +13,7 @@ FLOWS = Path(__file__).parent / "flows"
 
 
 def fk(*args: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "kernel.cli", *args], cwd=cwd, env=env, text=True,
+    return subprocess.run([sys.executable, "-m", "flowkernel.cli", *args], cwd=cwd, env=env, text=True,
                           capture_output=True, timeout=60)
 
 

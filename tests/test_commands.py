@@ -7,14 +7,14 @@ from typing import Any
 
 import anyio
 import pytest
+from flowkernel.api import Kernel
+from flowkernel.commands import Command
+from flowkernel.errors import CommandRejectedError
+from flowkernel.events import CommandReceived, FlowPaused, FlowResumed, NodeStart, NodeWaiting
+from flowkernel.registry import default_registry
+from flowkernel.store.sqlite import SqliteStore
 
 import tests.plugins.waiters  # noqa: F401  (registers the functions)
-from kernel.api import Kernel
-from kernel.commands import Command
-from kernel.errors import CommandRejectedError
-from kernel.events import CommandReceived, FlowPaused, FlowResumed, NodeStart, NodeWaiting
-from kernel.registry import default_registry
-from kernel.store.sqlite import SqliteStore
 from tests.helpers import flow, py, registry
 
 FLOWS = Path(__file__).parent / "flows"
@@ -302,7 +302,7 @@ class _Stepper:
         self.steps_done: list[int] = []
 
     async def run(self, ctx: Any) -> Any:
-        from kernel.node import INTERRUPTED
+        from flowkernel.node import INTERRUPTED
 
         start = len(self.steps_done)
         for step in range(start, 3):

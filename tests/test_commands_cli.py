@@ -20,12 +20,12 @@ PLUGIN = "tests.plugins.waiters"
 
 
 def fk(*args: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "kernel.cli", "--plugin", PLUGIN, *args], cwd=cwd, env=env,
+    return subprocess.run([sys.executable, "-m", "flowkernel.cli", "--plugin", PLUGIN, *args], cwd=cwd, env=env,
                           text=True, capture_output=True, timeout=60)
 
 
 def spawn(*args: str, cwd: Path, env: dict[str, str]) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "kernel.cli", "--plugin", PLUGIN, *args], cwd=cwd, env=env,
+    return subprocess.Popen([sys.executable, "-m", "flowkernel.cli", "--plugin", PLUGIN, *args], cwd=cwd, env=env,
                             text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
@@ -163,7 +163,7 @@ def test_two_racing_resumers_exactly_one_executes(attempt: int, tmp_path: Path, 
     # A stored run that no process executes (as after a crash): both racers try to take it over.
     code = (
         "import anyio, json, sys\n"
-        "from kernel.api import Kernel\n"
+        "from flowkernel.api import Kernel\n"
         "import tests.plugins.waiters\n"
         "k = Kernel(sys.argv[1])\n"
         "f = k.load_flow(sys.argv[2])\n"

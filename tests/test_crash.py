@@ -26,9 +26,8 @@ from typing import Any
 
 import msgspec
 import pytest
-
-from kernel.api import Kernel
-from kernel.events import Event, NodeComplete, NodeStart
+from flowkernel.api import Kernel
+from flowkernel.events import Event, NodeComplete, NodeStart
 
 ROOT = Path(__file__).resolve().parents[1]
 BRANCHES = 4
@@ -96,7 +95,7 @@ def _env(**extra: str) -> dict[str, str]:
 
 def _flowkernel() -> list[str]:
     script = Path(sys.executable).with_name("flowkernel")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "kernel.cli"]
+    return [str(script)] if script.exists() else [sys.executable, "-m", "flowkernel.cli"]
 
 
 def _run_cmd(flow_file: Path, db: Path) -> list[str]:

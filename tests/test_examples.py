@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-CLI = [sys.executable, "-m", "kernel.cli"]
+CLI = [sys.executable, "-m", "flowkernel.cli"]
 
 
 def flowkernel(env: dict[str, str], db: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -64,7 +64,7 @@ def test_approval_pauses_for_the_human_and_completes_after_two_replies(env: dict
 
 def test_research_agent_asks_the_human_then_answers(env: dict[str, str], tmp_path: Path) -> None:
     db = tmp_path / "runs.db"
-    env["FLOWKERNEL_PLUGINS"] = "flows.plugins.research_tools"
+    env["FLOWKERNEL_PLUGINS"] = "flowkernel.examples.research_tools"
     first = flowkernel(env, db, "run", "flows/research.json", "--input",
                        "question=Which database should our desktop app use?", "--fixtures", "fixtures/research",
                        "--json")
@@ -114,7 +114,7 @@ def test_fixtures_flag_with_a_missing_directory_is_invalid_input(env: dict[str, 
 
 
 def test_help_does_not_import_the_runtime() -> None:
-    code = "import sys; from kernel import cli; print('kernel.api' in sys.modules, 'anthropic' in sys.modules)"
+    code = "import sys; from kernel import cli; print('flowkernel.api' in sys.modules, 'anthropic' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert out.stdout.strip() == "False False"

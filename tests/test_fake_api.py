@@ -24,8 +24,7 @@ if _ROOT not in sys.path:
 import anthropic  # noqa: E402
 import httpx2  # noqa: E402
 import pytest  # noqa: E402
-
-from kernel.testing.fake_api import (  # noqa: E402
+from flowkernel.testing.fake_api import (  # noqa: E402
     FakeAnthropic,
     Text,
     Thinking,

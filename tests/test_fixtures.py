@@ -9,12 +9,10 @@ from typing import Any
 
 import anyio
 import pytest
-
-from kernel.api import Kernel
-from kernel.errors import FlowkernelError
-from kernel.events import NodeError
-from kernel.store.memory import MemoryStore
-from kernel.testing.fixtures import (
+from flowkernel.api import Kernel
+from flowkernel.errors import FlowkernelError
+from flowkernel.events import NodeError
+from flowkernel.fixtures import (
     FixtureError,
     MockQuery,
     fixture_path,
@@ -22,7 +20,8 @@ from kernel.testing.fixtures import (
     load_fixture_file,
     write_fixtures,
 )
-from kernel.testing.harness import FlowResult, assert_event_sequence, run_flow
+from flowkernel.store.memory import MemoryStore
+from flowkernel.testing.harness import FlowResult, assert_event_sequence, run_flow
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -84,7 +83,7 @@ def test_missing_file_names_node_and_call_and_how_to_record(tmp_path: Path) -> N
     tmp_path.mkdir(exist_ok=True)
     result = run_flow(agent_doc(), fixtures=tmp_path)
     message = node_error(result).message
-    assert "node 'agent'" in message and "model call 0" in message and "record-fixtures" in message
+    assert "node 'agent'" in message and "model call 0" in message and "flowkernel record --flow" in message
 
 
 def test_an_extra_call_names_the_call_index_and_how_to_record(tmp_path: Path) -> None:

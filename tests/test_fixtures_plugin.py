@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kernel.testing.pytest_plugin import FlowTester
+from flowkernel.testing.pytest_plugin import FlowTester
 
 ROOT = Path(__file__).resolve().parent.parent
 

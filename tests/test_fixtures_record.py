@@ -5,14 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import anyio
-
-from kernel.anthropic_query import AnthropicQuery
-from kernel.api import Kernel
-from kernel.store.memory import MemoryStore
-from kernel.testing.fake_api import FakeAnthropic, Text, Thinking, ToolUse, reply
-from kernel.testing.fixtures import MockQuery, RecordingQuery, fixtures_from_run, write_fixtures
-from kernel.timetravel import comparable
-from kernel.tools import tool
+from flowkernel.api import Kernel
+from flowkernel.fixtures import MockQuery, RecordingQuery, fixtures_from_run, write_fixtures
+from flowkernel.nodes.claude.query import AnthropicQuery
+from flowkernel.store.memory import MemoryStore
+from flowkernel.testing.fake_api import FakeAnthropic, Text, Thinking, ToolUse, reply
+from flowkernel.timetravel import comparable
+from flowkernel.tools import tool
 
 FLOW = {"name": "rt", "nodes": [
     {"id": "ask", "type": "claude.agent", "input": {"prompt": "Add 2 and 3, then explain.", "tools": ["add"],
@@ -28,7 +27,7 @@ def add(a: int, b: int) -> int:
 
 
 def kernel_with(query: object) -> Kernel:
-    from kernel.registry import default_registry
+    from flowkernel.registry import default_registry
 
     reg = default_registry().copy()
     reg.add_tool("add", add)

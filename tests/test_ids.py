@@ -6,7 +6,7 @@ import random
 import re
 import time
 
-from kernel.ids import _ALPHABET, new_node_run_id, new_run_id
+from flowkernel.ids import _ALPHABET, new_node_run_id, new_run_id
 
 ID = re.compile(r"^(run|nr)_[0-9a-hjkmnp-tv-z]{20}$")
 

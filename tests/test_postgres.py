@@ -20,13 +20,13 @@ from pathlib import Path
 
 import anyio
 import pytest
+from flowkernel.api import Kernel
+from flowkernel.errors import StoreError, UnknownRunError
+from flowkernel.store.base import RunRecord, Store
+from flowkernel.store.sqlite import SqliteStore
+from flowkernel.testing.audit import audit_store
 from msgspec.structs import replace
 
-from kernel.api import Kernel
-from kernel.errors import StoreError, UnknownRunError
-from kernel.store.base import RunRecord, Store
-from kernel.store.sqlite import SqliteStore
-from kernel.testing.audit import audit_store
 from tests.test_crash import Stored, assert_resume_is_exact, crash_flow, stored_run
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -80,7 +80,7 @@ def pg_url() -> Iterator[str]:
 
 
 def _pg_store(url: str) -> Store:
-    from kernel.store.postgres import PostgresStore
+    from flowkernel.store.postgres import PostgresStore
 
     return PostgresStore(url)
 
@@ -314,8 +314,7 @@ def test_racing_workers_on_one_lease_get_exactly_one_winner(pg_url: str) -> None
 @needs_pg
 def test_unreachable_server_wrong_password_and_missing_database_are_one_line_errors() -> None:
     import psycopg.conninfo
-
-    from kernel.store.postgres import PostgresStore
+    from flowkernel.store.postgres import PostgresStore
 
     parts = psycopg.conninfo.conninfo_to_dict(os.environ[ENV_VAR])
     host, port, user = parts.get("host") or "127.0.0.1", int(parts.get("port") or 5432), parts.get("user") or "x"
@@ -373,12 +372,12 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 def _fk(*args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "kernel.cli", *args], cwd=cwd, env=_env(**env), text=True,
+    return subprocess.run([sys.executable, "-m", "flowkernel.cli", *args], cwd=cwd, env=_env(**env), text=True,
                           capture_output=True, timeout=TIMEOUT_S)
 
 
 def _spawn(*args: str, cwd: Path, **env: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "kernel.cli", *args], cwd=cwd, env=_env(**env), text=True,
+    return subprocess.Popen([sys.executable, "-m", "flowkernel.cli", *args], cwd=cwd, env=_env(**env), text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 

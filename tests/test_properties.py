@@ -23,14 +23,10 @@ from typing import Any
 import anyio
 import msgspec
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-from msgspec.structs import replace
-
-from kernel.api import Kernel
-from kernel.checkpoint import load_checkpoint
-from kernel.compiler import CompiledFlow, compile_flow
-from kernel.events import (
+from flowkernel.api import Kernel
+from flowkernel.checkpoint import load_checkpoint
+from flowkernel.compiler import CompiledFlow, compile_flow
+from flowkernel.events import (
     BaseEvent,
     EdgeFire,
     EdgeSkip,
@@ -43,12 +39,16 @@ from kernel.events import (
     NodeSkipped,
     NodeStart,
 )
-from kernel.reducer import apply, fold, initial_snapshot
-from kernel.registry import Registry, default_registry
-from kernel.scheduling import decide
-from kernel.snapshot import ForEachState, RunSnapshot
-from kernel.store.memory import MemoryStore
-from kernel.store.sqlite import SqliteStore
+from flowkernel.reducer import apply, fold, initial_snapshot
+from flowkernel.registry import Registry, default_registry
+from flowkernel.scheduling import decide
+from flowkernel.snapshot import ForEachState, RunSnapshot
+from flowkernel.store.memory import MemoryStore
+from flowkernel.store.sqlite import SqliteStore
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from msgspec.structs import replace
+
 from tests.plugins.crashy import check, check_later
 
 RUN_TIMEOUT_S = 5  # generated runs take well under 0.2 s; a hang fails fast

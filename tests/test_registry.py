@@ -10,8 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from kernel.registry import Registry
+from flowkernel.registry import Registry
 
 ROOT = Path(__file__).resolve().parent.parent
 

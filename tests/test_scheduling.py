@@ -6,8 +6,8 @@ import time
 from typing import Any
 
 import anyio
-
-from kernel.events import (
+from flowkernel.context import NodeContext
+from flowkernel.events import (
     EdgeFire,
     FlowComplete,
     LoopExhausted,
@@ -16,7 +16,7 @@ from kernel.events import (
     NodeError,
     NodeSkipped,
 )
-from kernel.node import NodeContext
+
 from tests.helpers import flow, py, registry, run_flow, started, t
 
 

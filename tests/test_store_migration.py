@@ -6,11 +6,10 @@ import sqlite3
 from pathlib import Path
 
 import anyio
-
-from kernel.api import Kernel
-from kernel.store.memory import MemoryStore
-from kernel.store.sql import SCHEMA_VERSION
-from kernel.store.sqlite import SqliteStore
+from flowkernel.api import Kernel
+from flowkernel.store.memory import MemoryStore
+from flowkernel.store.sql import SCHEMA_VERSION
+from flowkernel.store.sqlite import SqliteStore
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -7,13 +7,12 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-
-from kernel.api import Kernel
-from kernel.events import FlowResumed, FlowStart
-from kernel.store.sqlite import SqliteStore
-from kernel.testing.fixtures import MockQuery
-from kernel.testing.harness import run_flow
-from kernel.timetravel import create_fork, fork, rerun
+from flowkernel.api import Kernel
+from flowkernel.events import FlowResumed, FlowStart
+from flowkernel.fixtures import MockQuery
+from flowkernel.store.sqlite import SqliteStore
+from flowkernel.testing.harness import run_flow
+from flowkernel.timetravel import create_fork, fork, rerun
 
 ROOT = Path(__file__).resolve().parent.parent
 REVIEW = ROOT / "flows" / "review-loop.json"
@@ -118,8 +117,8 @@ def test_harness_runs_report_messages_and_tool_calls() -> None:
 
 
 def _research_registry() -> Any:
-    from flows.plugins.research_tools import lookup_fact
-    from kernel.registry import default_registry
+    from flowkernel.examples.research_tools import lookup_fact
+    from flowkernel.registry import default_registry
 
     reg = default_registry().copy()
     reg.add_tool("lookup_fact", lookup_fact)

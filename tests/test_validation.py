@@ -6,17 +6,18 @@ import json
 from pathlib import Path
 
 import pytest
-
-from kernel.compiler import compile_flow, load_flow
-from kernel.errors import FlowFileError, FlowValidationError
-from kernel.flow import json_schema
+from flowkernel.compiler import compile_flow, load_flow
+from flowkernel.errors import FlowFileError, FlowValidationError
+from flowkernel.flow import json_schema
+from flowkernel.registry import default_registry
 
 ROOT = Path(__file__).resolve().parent.parent
+TYPES = default_registry().node_types
 
 
 def problems(doc: object) -> list[str]:
     with pytest.raises(FlowValidationError) as info:
-        compile_flow(doc, source="f.json")
+        compile_flow(doc, TYPES, source="f.json")
     return [str(p) for p in info.value.problems]
 
 
@@ -63,7 +64,7 @@ def test_every_problem_is_reported_at_once_with_its_json_path() -> None:
 def test_cycle_through_a_loop_edge_is_allowed() -> None:
     doc = {"name": "ok", "nodes": [{"id": "a", "type": "noop"}, {"id": "b", "type": "noop"}],
            "edges": [{"from": "a", "to": "b"}, {"from": "b", "to": "a", "maxIterations": 2}]}
-    flow = compile_flow(doc)
+    flow = compile_flow(doc, TYPES)
     assert flow.reset_sets["b->a"] == ("a", "b")
 
 
@@ -91,13 +92,13 @@ def test_a_flow_that_is_not_an_object_is_refused() -> None:
 
 def test_missing_directory_and_non_json_files_get_one_line_errors(tmp_path: Path) -> None:
     with pytest.raises(FlowFileError, match="no such flow file"):
-        load_flow(tmp_path / "nope.json")
+        load_flow(tmp_path / "nope.json", TYPES)
     with pytest.raises(FlowFileError, match="is a directory"):
-        load_flow(tmp_path)
+        load_flow(tmp_path, TYPES)
     bad = tmp_path / "bad.json"
     bad.write_text('{"name": "x",\n  nodes: []}')
     with pytest.raises(FlowFileError, match=r"bad.json:2:3: not valid JSON"):
-        load_flow(bad)
+        load_flow(bad, TYPES)
 
 
 def test_schema_is_generated_from_the_models_and_validates_the_examples() -> None:
@@ -113,15 +114,15 @@ def test_schema_is_generated_from_the_models_and_validates_the_examples() -> Non
 
 def test_example_flows_validate() -> None:
     for path in sorted((ROOT / "flows").glob("*.json")):
-        load_flow(path)
+        load_flow(path, TYPES)
 
 
 def test_a_yaml_flow_file_is_accepted(tmp_path: Path) -> None:
     path = tmp_path / "hi.yaml"
     path.write_text("name: hi\nnodes:\n  - id: a\n    type: transform\n    input: {expr: \"1 + 1\"}\n")
-    flow = load_flow(path)
+    flow = load_flow(path, TYPES)
     assert flow.name == "hi" and list(flow.nodes) == ["a"]
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: [unclosed\n")
     with pytest.raises(FlowFileError, match="not valid YAML"):
-        load_flow(bad)
+        load_flow(bad, TYPES)

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from kernel.store.base import CommandRow, RunRecord, Store
-from kernel.store.memory import MemoryStore
-from kernel.store.open import open_store
-from kernel.store.sqlite import SqliteStore
+from flowkernel.store.base import CommandRow, RunRecord, Store
+from flowkernel.store.memory import MemoryStore
+from flowkernel.store.open import open_store
+from flowkernel.store.sqlite import SqliteStore
 
 __all__ = ["CommandRow", "MemoryStore", "RunRecord", "SqliteStore", "Store", "open_store"]

@@ -7,11 +7,10 @@ import threading
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from flowkernel.errors import StoreError, UnknownRunError
+from flowkernel.ids import now_ms
+from flowkernel.store.base import CommandRow, EventRow, RunRecord
 from msgspec.structs import replace
-
-from kernel.errors import StoreError, UnknownRunError
-from kernel.ids import now_ms
-from kernel.store.base import CommandRow, EventRow, RunRecord
 
 
 class MemoryStore:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from kernel.errors import InvalidInputError
-from kernel.store.base import Store
+from flowkernel.errors import InvalidInputError
+from flowkernel.store.base import Store
 
 DEFAULT_DB = ".flowkernel/runs.db"
 
@@ -19,12 +19,12 @@ def open_store(url: str | None = None, *, create: bool = True) -> Store:
     """Open the store named by ``url`` (or ``FLOWKERNEL_DB``, or the default SQLite file)."""
     url = url or default_url()
     if url == "memory":
-        from kernel.store.memory import MemoryStore
+        from flowkernel.store.memory import MemoryStore
 
         return MemoryStore()
     if url.startswith(("postgresql://", "postgres://")):
         try:
-            from kernel.store.postgres import PostgresStore  # type: ignore[import-not-found,unused-ignore]
+            from flowkernel.store.postgres import PostgresStore  # type: ignore[import-not-found,unused-ignore]
         except ImportError:
             raise InvalidInputError("--db postgresql://… needs the PostgreSQL store (pip install flowkernel[postgres])") from None
         store: Store = PostgresStore(url)
@@ -33,6 +33,6 @@ def open_store(url: str | None = None, *, create: bool = True) -> Store:
         url = url[len("sqlite:///"):]
     elif "://" in url:
         raise InvalidInputError(f"--db {url}: unknown store; use a SQLite file path or postgresql://…")
-    from kernel.store.sqlite import SqliteStore
+    from flowkernel.store.sqlite import SqliteStore
 
     return SqliteStore(Path(url), create=create)

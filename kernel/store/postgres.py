@@ -4,8 +4,8 @@ Open it with ``--db postgresql://user:password@host:5432/database``; libpq's URL
 (``?sslmode=require``, ``?options=-csearch_path%3Dteam_a`` to keep the tables in schema ``team_a``).
 Every ``commit`` is one transaction; leases are taken under a row lock (``SELECT … FOR UPDATE``), so
 of two workers racing for one run exactly one wins. psycopg is imported when a store is opened, so
-``kernel.store.open`` stays light for SQLite users. The statements and method bodies are shared
-with the SQLite store (``kernel.store.sql``); this module holds what is PostgreSQL's own.
+``flowkernel.store.open`` stays light for SQLite users. The statements and method bodies are shared
+with the SQLite store (``flowkernel.store.sql``); this module holds what is PostgreSQL's own.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from kernel.errors import StoreError
-from kernel.store.sql import SCHEMA_VERSION, SqlStore, migrations, schema
+from flowkernel.errors import StoreError
+from flowkernel.store.sql import SCHEMA_VERSION, SqlStore, migrations, schema
 
 if TYPE_CHECKING:
     import psycopg

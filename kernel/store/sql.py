@@ -16,9 +16,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, ClassVar
 
-from kernel.errors import StoreError, UnknownRunError
-from kernel.ids import now_ms
-from kernel.store.base import CommandRow, EventRow, RunRecord
+from flowkernel.errors import StoreError, UnknownRunError
+from flowkernel.ids import now_ms
+from flowkernel.store.base import CommandRow, EventRow, RunRecord
 
 SCHEMA_VERSION = 4  # 2: content-addressed checkpoint blobs; 3: events keyed by run number and seq;
 # 4: an event row is its key, its time and its body (the rest was in the body already)

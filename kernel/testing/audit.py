@@ -10,11 +10,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from kernel.checkpoint import load_checkpoint
-from kernel.compiler import compile_flow
-from kernel.events import decode
-from kernel.reducer import fold
-from kernel.store.base import Store
+from flowkernel.checkpoint import load_checkpoint
+from flowkernel.compiler import compile_flow
+from flowkernel.events import decode
+from flowkernel.reducer import fold
+from flowkernel.store.base import Store
 
 
 class _AnyType:

@@ -13,14 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-
-from kernel.api import Kernel
-from kernel.events import Event
-from kernel.registry import Registry, default_registry
-from kernel.snapshot import RunSnapshot
-from kernel.store.base import Store
-from kernel.store.memory import MemoryStore
-from kernel.testing.fixtures import MockQuery
+from flowkernel.api import Kernel
+from flowkernel.events import Event
+from flowkernel.fixtures import MockQuery
+from flowkernel.registry import Registry, default_registry
+from flowkernel.snapshot import RunSnapshot
+from flowkernel.store.base import Store
+from flowkernel.store.memory import MemoryStore
 
 
 @dataclass(slots=True)

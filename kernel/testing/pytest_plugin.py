@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
-    from kernel.testing.harness import FlowResult
+    from flowkernel.testing.harness import FlowResult
 
 
 class FlowTester:
@@ -34,30 +34,30 @@ class FlowTester:
 
     def _store(self, store: Any) -> Any:
         if store == "file":
-            from kernel.store.sqlite import SqliteStore
+            from flowkernel.store.sqlite import SqliteStore
 
             return SqliteStore(self.tmp_path / "flowkernel.db")
         return store
 
     def run(self, flow: str | Path | dict[str, Any], input: Any = None, *, fixtures: str | Path | None = None,
             replies: Sequence[Any] = (), store: Any = None, **options: Any) -> FlowResult:
-        from kernel.testing.harness import run_flow
+        from flowkernel.testing.harness import run_flow
 
         return run_flow(flow, input, fixtures=fixtures, replies=replies, store=self._store(store), **options)
 
     async def arun(self, flow: str | Path | dict[str, Any], input: Any = None, *, fixtures: str | Path | None = None,
                    replies: Sequence[Any] = (), store: Any = None, **options: Any) -> FlowResult:
-        from kernel.testing.harness import arun_flow
+        from flowkernel.testing.harness import arun_flow
 
         return await arun_flow(flow, input, fixtures=fixtures, replies=replies, store=self._store(store), **options)
 
     def reply(self, result: FlowResult, node: str, answer: Any) -> FlowResult:
-        from kernel.testing.harness import reply
+        from flowkernel.testing.harness import reply
 
         return reply(result, node, answer)
 
     def assert_events(self, result: FlowResult, expected: Sequence[str], *, exact: bool = False) -> None:
-        from kernel.testing.harness import assert_event_sequence
+        from flowkernel.testing.harness import assert_event_sequence
 
         assert_event_sequence(result.events, expected, exact=exact)
 

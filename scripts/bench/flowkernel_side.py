@@ -26,17 +26,16 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import flowkernel
+import flowkernel.nodes
 import measure
+from flowkernel.api import Kernel
+from flowkernel.commands import Command
+from flowkernel.context import NodeContext
+from flowkernel.registry import Registry, default_registry
+from flowkernel.snapshot import RunSnapshot
+from flowkernel.store.sqlite import SqliteStore
 from measure import Metrics, Stopwatch
-
-import kernel
-import nodes
-from kernel.api import Kernel
-from kernel.commands import Command
-from kernel.node import NodeContext
-from kernel.registry import Registry, default_registry
-from kernel.snapshot import RunSnapshot
-from kernel.store.sqlite import SqliteStore
 
 Document = dict[str, Any]
 
@@ -240,7 +239,7 @@ def _byte_compile() -> None:
     under ``PYTHONDONTWRITEBYTECODE=1``: the fresh processes below would then be timed compiling
     every module, which LangGraph's installed packages (compiled by pip) never do.
     """
-    for package in (kernel, nodes):
+    for package in (flowkernel, flowkernel.nodes):
         compileall.compile_dir(Path(package.__file__).parent, quiet=1)
 
 

@@ -55,17 +55,15 @@ S4_EARLY_ITERATION = 10
 S4_NODES_PER_ITERATION = 3
 
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-def ensure_repo_on_path() -> None:
-    """Make the repository root importable (``import kernel``) when the project is not installed.
-
-    Appended, not prepended: an installed flowkernel still wins.
-    """
-    root = str(REPO_ROOT)
-    if root not in sys.path:
-        sys.path.append(root)
+def ensure_installed() -> None:
+    """Stop with a hint unless ``flowkernel`` is importable (the repository maps ``kernel/`` to it only
+    through an install: ``pip install -e '.[bench]'``)."""
+    try:
+        import flowkernel  # noqa: F401
+    except ImportError:
+        sys.exit("bench: flowkernel is not installed here; run `pip install -e '.[bench]'` first")
 
 
 def payload(i: int, size: int = PAYLOAD_BYTES) -> str:

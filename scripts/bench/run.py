@@ -348,7 +348,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"unknown system(s): {', '.join(unknown)}; known: {', '.join(by_name)}", file=sys.stderr)
         return 2
 
-    measure.ensure_repo_on_path()  # so a system module can `import kernel` without an install
+    measure.ensure_installed()
     systems: list[System] = []
     missing: dict[str, str] = {}
     for name in sorted(set(wanted), key=[s.name for s in SYSTEMS].index):  # columns in registry order

@@ -16,9 +16,8 @@ import signal
 from typing import Any
 
 import anyio.lowlevel
-
-from kernel.node import NodeContext
-from kernel.registry import register_function
+from flowkernel.context import NodeContext
+from flowkernel.registry import register_function
 
 _calls = 0
 

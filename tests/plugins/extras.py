@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from kernel.node import NodeContext
-from kernel.registry import register_function, register_node_type
+from flowkernel.context import NodeContext
+from flowkernel.registry import register_function, register_node_type
 
 
 @register_function("shout")

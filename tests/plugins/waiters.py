@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import anyio
-
-from kernel.node import NodeContext
-from kernel.registry import register_function
+from flowkernel.context import NodeContext
+from flowkernel.registry import register_function
 
 
 @register_function("await_message")

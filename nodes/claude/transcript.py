@@ -10,9 +10,9 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from kernel.events import AgentError, AgentStart, decode
-from kernel.ids import now_ms
-from kernel.node import NodeContext
+from flowkernel.context import NodeContext
+from flowkernel.events import AgentError, AgentStart, decode
+from flowkernel.ids import now_ms
 
 PAGE = 500
 

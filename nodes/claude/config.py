@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from kernel.errors import NodeFailure, Problem
-from kernel.node import check_json_schema
+from flowkernel.errors import NodeFailure, Problem
+from flowkernel.node import check_json_schema
 
 DEFAULT_MODEL = "claude-sonnet-4-5"
 DEFAULT_MAX_TOKENS = 8192
@@ -137,7 +137,7 @@ def build_request(cfg: AgentConfig, messages: list[dict[str, Any]],
     """The Messages API request body for one model call (what a fixture's ``input`` records)."""
     import json
 
-    from kernel.tools import ASK_HUMAN, ASK_HUMAN_DEFINITION
+    from flowkernel.tools import ASK_HUMAN, ASK_HUMAN_DEFINITION
 
     req: dict[str, Any] = {"model": cfg.model, "max_tokens": cfg.max_tokens, "messages": messages}
     system = cfg.system

@@ -1,13 +1,13 @@
 """The ``lookup_fact`` tool of ``flows/research.json``: a small offline knowledge base, deterministic.
 
-Load it with ``flowkernel --plugin flows.plugins.research_tools ...`` (from the repository root) or
-``FLOWKERNEL_PLUGINS=flows.plugins.research_tools``.
+Load it with ``flowkernel --plugin flowkernel.examples.research_tools ...`` (it ships with flowkernel,
+so this works from any folder) or ``FLOWKERNEL_PLUGINS=flowkernel.examples.research_tools``.
 """
 
 from __future__ import annotations
 
-from kernel.registry import register_tool
-from kernel.tools import tool
+from flowkernel.registry import register_tool
+from flowkernel.tools import tool
 
 FACTS = {
     "sqlite": "SQLite is an embedded, serverless SQL database; one file holds the whole database.",

@@ -27,15 +27,15 @@ from typing import Any
 
 import anyio
 import jsonschema
-
-from kernel.errors import NodeFailure, Problem
-from kernel.events import AgentComplete, AgentError, AgentStart, AgentTool
-from kernel.node import INTERRUPTED, Interrupted, NodeContext, WaitFor
-from kernel.pricing import Price, cost_usd, find_price, price_table
-from kernel.query import ModelMessage, QueryFn
-from kernel.tools import ASK_HUMAN, Tool, as_tool, result_text, truncate
-from nodes.claude_config import AgentConfig, build_request, check_input, parse_config
-from nodes.claude_transcript import Transcript, session_of_run
+from flowkernel.context import NodeContext
+from flowkernel.errors import NodeFailure, Problem
+from flowkernel.events import AgentComplete, AgentError, AgentStart, AgentTool
+from flowkernel.node import INTERRUPTED, Interrupted, WaitFor
+from flowkernel.nodes.claude.config import AgentConfig, build_request, check_input, parse_config
+from flowkernel.nodes.claude.pricing import Price, cost_usd, find_price, price_table
+from flowkernel.nodes.claude.transcript import Transcript, session_of_run
+from flowkernel.query import ModelMessage, QueryFn
+from flowkernel.tools import ASK_HUMAN, Tool, as_tool, result_text, truncate
 
 USAGE_KEYS = ("inputTokens", "outputTokens", "cacheCreationInputTokens", "cacheReadInputTokens")
 FINAL_STOPS = frozenset({"end_turn", "stop_sequence", "max_tokens", "refusal", None})
@@ -88,7 +88,7 @@ def _schema_problem(text: str, schema: dict[str, Any]) -> tuple[Any, str | None]
 
 
 class ClaudeAgentNode:
-    """The ``claude.agent`` node type (DESIGN §7); input as in ``nodes.claude_config``."""
+    """The ``claude.agent`` node type (DESIGN §7); input as in ``flowkernel.nodes.claude.config``."""
 
     name = "claude.agent"
     # On pause the model call or tool round in flight finishes and is stored; then the node stops.
@@ -105,7 +105,9 @@ class ClaudeAgentNode:
         if given is not None:
             return given  # type: ignore[no-any-return]
         if self._default_query is None:
-            from kernel.anthropic_query import AnthropicQuery  # the SDK loads only when a model is called
+            from flowkernel.nodes.claude.query import (
+                AnthropicQuery,  # the SDK loads only when a model is called
+            )
 
             self._default_query = AnthropicQuery()
         return self._default_query

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kernel.errors import InvalidInputError
+from flowkernel.errors import InvalidInputError
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,10 +21,9 @@ from typing import Any
 
 import anthropic
 import anyio
-
-from kernel.errors import NodeFailure
-from kernel.events import AgentError, AgentTextDelta, AgentThinkingDelta, BaseEvent
-from kernel.query import ModelMessage, QueryContext
+from flowkernel.errors import NodeFailure
+from flowkernel.events import AgentError, AgentTextDelta, AgentThinkingDelta, BaseEvent
+from flowkernel.query import ModelMessage, QueryContext
 
 
 class QueryFailed(NodeFailure):

@@ -1,0 +1,1 @@
+"""The example flows (installed as ``flowkernel.examples.flows``); see ``flowkernel examples``."""

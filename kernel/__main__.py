@@ -1,0 +1,7 @@
+"""``python -m flowkernel``: the same as the ``flowkernel`` command."""
+
+import sys
+
+from flowkernel.cli import main
+
+sys.exit(main())

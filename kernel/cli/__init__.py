@@ -1,0 +1,56 @@
+"""``flowkernel``: the command line, a thin layer over ``flowkernel.api``.
+
+One module per command group (``flows``, ``inspect``, ``control``, ``timetravel``); ``session`` holds
+what they share. Exit codes: 0 completed, 1 failed or error, 2 invalid input, 3 paused or waiting.
+Heavy modules are imported inside the commands so ``flowkernel --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from flowkernel.cli import control, flows, inspect, timetravel
+from flowkernel.cli.session import EXIT_FAILED, EXIT_INVALID, EXIT_OK, EXIT_STOPPED
+
+__all__ = ["EXIT_FAILED", "EXIT_INVALID", "EXIT_OK", "EXIT_STOPPED", "main"]
+
+GROUPS = (flows, inspect, control, timetravel)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="flowkernel", description="Run JSON agent workflows with durable, resumable snapshots.")
+    p.add_argument("--plugin", action="append", default=[], metavar="MODULE",
+                   help="import a module that registers functions, tools or node types (repeatable)")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    for group in GROUPS:
+        group.add_parsers(sub)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    cli = parser()
+    args = cli.parse_args(argv)
+    if args.command is None:
+        cli.print_help()
+        return EXIT_INVALID
+    from flowkernel.errors import FlowkernelError
+
+    try:
+        from flowkernel.registry import default_registry, load_plugins
+
+        plugins = list(args.plugin)
+        if plugins and os.getcwd() not in sys.path:
+            sys.path.insert(0, os.getcwd())  # like `python -m`: a project's own plugin modules import
+        default_registry()
+        load_plugins(plugins)
+        code: int = args.handler(args)
+        return code
+    except FlowkernelError as exc:
+        print(f"flowkernel: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("flowkernel: interrupted; `flowkernel resume RUN` continues the run", file=sys.stderr)
+        return EXIT_FAILED
+

@@ -1,0 +1,102 @@
+"""``resume``, ``retry``, ``send``, ``reply``, ``pause`` and ``abort``: commands to a run."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from flowkernel.cli.session import (
+    EXIT_OK,
+    add_db,
+    add_json,
+    exit_for,
+    opened,
+    printer,
+    resume_if_stopped,
+    run_async,
+)
+
+
+def add_parsers(sub: Any) -> None:
+    sp = sub.add_parser("resume", help="continue a paused, waiting or interrupted run")
+    sp.add_argument("run")
+    sp.add_argument("--message", default="continue", help="delivered to every interrupted node run")
+    sp.add_argument("--fixtures", metavar="DIR")
+    add_db(sp)
+    add_json(sp)
+    sp.set_defaults(handler=cmd_resume)
+
+    sp = sub.add_parser("retry", help="re-run the failed nodes of a failed run")
+    sp.add_argument("run")
+    sp.add_argument("--fixtures", metavar="DIR")
+    add_db(sp)
+    add_json(sp)
+    sp.set_defaults(handler=cmd_retry)
+
+    for name, helptext, handler in (("send", "send a message to a live node run", cmd_send),
+                                    ("reply", "answer a node run that waits for a reply", cmd_reply)):
+        sp = sub.add_parser(name, help=helptext)
+        sp.add_argument("run")
+        sp.add_argument("--to", metavar="NODE_RUN_ID", help="the node run (nr_…) it is for")
+        sp.add_argument("text")
+        sp.add_argument("--fixtures", metavar="DIR")
+        add_db(sp)
+        add_json(sp)
+        sp.set_defaults(handler=handler)
+
+    for name, helptext, handler in (("pause", "pause a run (running nodes are interrupted)", cmd_pause),
+                                    ("abort", "abort a run for good", cmd_abort)):
+        sp = sub.add_parser(name, help=helptext)
+        sp.add_argument("run")
+        sp.add_argument("--reason")
+        add_db(sp)
+        add_json(sp)
+        sp.set_defaults(handler=handler)
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    with opened(args) as kernel:
+        snap = run_async(kernel.resume, args.run, args.message, on_event=printer(args))
+        return exit_for(snap, args.run)
+
+
+def cmd_retry(args: argparse.Namespace) -> int:
+    with opened(args) as kernel:
+        snap = run_async(kernel.retry, args.run, on_event=printer(args))
+        return exit_for(snap, args.run)
+
+
+def _command(args: argparse.Namespace, kind: str) -> int:
+    from flowkernel.commands import Command
+
+    with opened(args) as kernel:
+        cmd = Command(kind=kind, target=getattr(args, "to", None), content=getattr(args, "text", None),
+                      reason=getattr(args, "reason", None))
+        run_async(kernel.command, args.run, cmd)
+        print(f"flowkernel: {kind} accepted by run {args.run}", file=sys.stderr)
+        if kind in ("reply", "send") and kernel.store.get_run(args.run).leaseOwner is None:
+            # Nobody executes the run: continue it here, streaming like `run` does.
+            snap = run_async(kernel.execute, args.run, on_event=printer(args),
+                              before=resume_if_stopped)
+            return exit_for(snap, args.run)
+        return EXIT_OK
+
+
+
+def cmd_send(args: argparse.Namespace) -> int:
+    return _command(args, "send")
+
+
+def cmd_reply(args: argparse.Namespace) -> int:
+    return _command(args, "reply")
+
+
+def cmd_pause(args: argparse.Namespace) -> int:
+    return _command(args, "pause")
+
+
+def cmd_abort(args: argparse.Namespace) -> int:
+    return _command(args, "abort")
+
+

@@ -1,0 +1,60 @@
+"""``validate``, ``schema`` and ``run``: flow files."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from flowkernel.cli.session import EXIT_OK, add_db, add_json, exit_for, opened, printer, run_async
+
+
+def add_parsers(sub: Any) -> None:
+    sp = sub.add_parser("validate", help="check a flow file and report every problem")
+    sp.add_argument("flow")
+    sp.set_defaults(handler=cmd_validate)
+    sp = sub.add_parser("schema", help="print the JSON Schema of flow files")
+    sp.set_defaults(handler=cmd_schema)
+
+    sp = sub.add_parser("run", help="run a flow, showing its progress")
+    sp.add_argument("flow")
+    sp.add_argument("--input", action="append", default=[], metavar="K=V", help="an input value (JSON or text)")
+    sp.add_argument("--input-json", metavar="FILE", help="the run input as a JSON file")
+    sp.add_argument("--fixtures", metavar="DIR", help="serve model calls from recorded fixtures (no network)")
+    add_db(sp)
+    add_json(sp)
+    sp.set_defaults(handler=cmd_run)
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from flowkernel.compiler import load_flow
+    from flowkernel.registry import default_registry
+
+    flow = load_flow(args.flow, node_types=default_registry().node_types)
+    print(f"{args.flow}: ok — flow {flow.name!r}, {len(flow.nodes)} nodes, {len(flow.edges)} edges")
+    return EXIT_OK
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    import json
+
+    from flowkernel.flow import json_schema
+
+    print(json.dumps(json_schema(), indent=2))
+    return EXIT_OK
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from flowkernel.api import parse_inputs
+    from flowkernel.compiler import load_flow
+    from flowkernel.registry import default_registry
+
+    # Everything about the input is checked before the store is touched.
+    flow = load_flow(args.flow, node_types=default_registry().node_types)
+    value = parse_inputs(flow, args.input, args.input_json)
+    from flowkernel.api import Kernel
+
+    Kernel.check_input(flow, value)
+    with opened(args, create=True) as kernel:
+        snap = run_async(kernel.run, flow, value, on_event=printer(args))
+        return exit_for(snap, snap.runId)
+

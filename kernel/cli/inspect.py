@@ -1,0 +1,168 @@
+"""``runs``, ``show``, ``events`` and ``replay``: looking at stored runs."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import TYPE_CHECKING, Any
+
+from flowkernel.cli.session import EXIT_FAILED, EXIT_OK, add_db, add_json, opened, printer, run_async
+
+if TYPE_CHECKING:
+    from flowkernel.api import Kernel
+
+
+def add_parsers(sub: Any) -> None:
+    sp = sub.add_parser("runs", help="list runs")
+    sp.add_argument("--status", choices=["running", "paused", "waiting", "completed", "failed", "aborted"])
+    sp.add_argument("--parent", metavar="RUN", help="only the children of RUN")
+    sp.add_argument("--limit", type=int, default=50)
+    add_db(sp)
+    add_json(sp)
+    sp.set_defaults(handler=cmd_runs)
+
+    sp = sub.add_parser("show", help="show a run's snapshot, or its agents' messages and tool calls")
+    sp.add_argument("run")
+    sp.add_argument("--at", type=int, metavar="SEQ", help="the snapshot as it was after event SEQ")
+    sp.add_argument("--messages", action="store_true", help="list the stored agent messages")
+    sp.add_argument("--tool-calls", action="store_true", help="list the stored tool calls")
+    sp.add_argument("--node-run", metavar="NODE_RUN_ID", help="only this node run's (nr_…)")
+    sp.add_argument("--tool", metavar="NAME", help="tool calls of this tool only")
+    sp.add_argument("--tool-status", choices=["completed", "error"], help="tool calls with this status only")
+    sp.add_argument("--after", type=int, default=0, metavar="CURSOR", help="the page after this cursor")
+    sp.add_argument("--limit", type=int, default=50, help="rows per page (default 50)")
+    add_db(sp)
+    add_json(sp)
+    sp.set_defaults(handler=cmd_show)
+
+    sp = sub.add_parser("events", help="print a run's events")
+    sp.add_argument("run")
+    sp.add_argument("--follow", "-f", action="store_true", help="keep printing until the run stops")
+    sp.add_argument("--after", type=int, default=0, metavar="SEQ")
+    add_db(sp)
+    add_json(sp)
+    sp.set_defaults(handler=cmd_events)
+
+    sp = sub.add_parser("replay", help="play back a run's stored events and rebuild its snapshot (calls nothing)")
+    sp.add_argument("run")
+    sp.add_argument("--speed", type=float, default=0.0, metavar="X",
+                    help="pace by the recorded timestamps, X times faster (0: no pacing)")
+    add_db(sp)
+    add_json(sp)
+    sp.set_defaults(handler=cmd_replay)
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    with opened(args) as kernel:
+        records = kernel.runs(status=args.status, parent=args.parent, limit=args.limit)
+        if args.json:
+            import msgspec
+
+            for r in records:
+                print(msgspec.json.encode(r).decode())
+        else:
+            from flowkernel.render import show_runs
+
+            show_runs(records, sys.stdout)
+        return EXIT_OK
+
+
+def _show_history(kernel: Kernel, args: argparse.Namespace) -> int:
+    """``show --messages`` / ``--tool-calls``: one page, with the cursor for the next."""
+    import json
+
+    kernel.store.get_run(args.run)
+    scope: dict[str, Any] = {"run_id": args.node_run} if args.node_run else {"flow_run_id": args.run}
+    if args.messages:
+        page = kernel.messages(**scope, after=args.after, limit=args.limit)
+    else:
+        page = kernel.tool_calls(**scope, tool_name=args.tool, status=args.tool_status, after=args.after,
+                                 limit=args.limit)
+    if args.json:
+        for item in page["items"]:
+            print(json.dumps(item, ensure_ascii=False))
+    elif not page["items"]:
+        print("no messages" if args.messages else "no tool calls")
+    elif args.messages:
+        from flowkernel.render import preview
+
+        for m in page["items"]:
+            print(f"#{m['id']:<5} step {m['step']:<3} {m['role']:<9} {m['nodeId']:<16} {m['runId']}")
+            print(f"       {preview(m['content'], 110)}")
+    else:
+        from flowkernel.render import preview
+
+        for c in page["items"]:
+            print(f"#{c['id']:<5} step {c['step']:<3} {c['toolName']:<16} {c['status']:<9} "
+                  f"{c.get('durationMs') or 0:>6} ms  {c['runId']}")
+            print(f"       in  {preview(c.get('input'), 100)}\n       out {preview(c.get('output'), 100)}")
+    if page["nextCursor"] is not None:
+        more = "--messages" if args.messages else "--tool-calls"
+        print(f"flowkernel: more: flowkernel show {args.run} {more} --after {page['nextCursor']}", file=sys.stderr)
+    return EXIT_OK
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    with opened(args) as kernel:
+        if args.messages or args.tool_calls:
+            return _show_history(kernel, args)
+        record = kernel.store.get_run(args.run)
+        snap = kernel.snapshot(args.run, at=args.at)
+        children = kernel.runs(parent=args.run)
+        if args.json:
+            import msgspec
+
+            print(msgspec.json.encode({"run": record, "snapshot": snap,
+                                       "children": [c.runId for c in children]}).decode())
+        else:
+            from flowkernel.render import show_snapshot
+
+            show_snapshot(record, snap, sys.stdout)
+            if snap.agentSessions:
+                print("\nagents   (flowkernel show RUN --messages | --tool-calls [--node-run NR])")
+                for node, session in snap.agentSessions.items():
+                    print(f"  {node:<22} session {session}")
+            if children:
+                print("\nchildren")
+                for c in children:
+                    print(f"  {c.runId}  {c.flowName}  {c.status}  (node run {c.parentNodeRunId})")
+        return EXIT_OK
+
+
+def cmd_events(args: argparse.Namespace) -> int:
+    emit = printer(args)
+    with opened(args) as kernel:
+        if args.follow:
+            async def follow() -> None:
+                async for ev in kernel.follow(args.run, after=args.after):
+                    emit(ev)
+            run_async(follow)
+        else:
+            for ev in kernel.events(args.run, after=args.after):
+                emit(ev)
+        return EXIT_OK
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    import time
+
+    from flowkernel.reducer import fold
+
+    emit = printer(args)
+    with opened(args) as kernel:
+        flow = kernel.flow_of(args.run)
+        events = kernel.events(args.run)
+        stored = kernel.snapshot(args.run)
+        snap = None
+        previous = events[0].timestamp if events else 0
+        for ev in events:
+            if args.speed > 0:
+                time.sleep(max(0.0, (ev.timestamp - previous) / 1000 / args.speed))
+                previous = ev.timestamp
+            emit(ev)
+            snap = fold(flow, [ev], snap)
+        matches = snap == stored
+        note = "matches the stored snapshot" if matches else "DIFFERS from the stored snapshot"
+        print(f"flowkernel: replayed {len(events)} events; rebuilt snapshot {note}", file=sys.stderr)
+        return EXIT_OK if matches else EXIT_FAILED
+

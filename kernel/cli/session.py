@@ -1,0 +1,112 @@
+"""What every command shares: opening the kernel, printing events, exit codes and the hints after a run."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from flowkernel.api import Kernel
+    from flowkernel.events import BaseEvent
+    from flowkernel.snapshot import RunSnapshot
+
+EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_STOPPED = 0, 1, 2, 3
+
+
+def add_db(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("--db", metavar="URL", help="store: a SQLite path (default .flowkernel/runs.db, or "
+                                                 "$FLOWKERNEL_DB) or postgresql://…")
+
+
+def add_json(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("--json", action="store_true", help="one JSON object per line")
+
+
+@contextmanager
+def opened(args: argparse.Namespace, *, create: bool = False) -> Iterator[Kernel]:
+    """The kernel for one command, its store closed however the command ends."""
+    kernel = kernel_for(args, create=create)
+    try:
+        yield kernel
+    finally:
+        kernel.close()
+
+
+def kernel_for(args: argparse.Namespace, *, create: bool = False) -> Kernel:
+    from flowkernel.api import Kernel
+    from flowkernel.store.open import open_store
+
+    services: dict[str, Any] = {}
+    fixtures = getattr(args, "fixtures", None)
+    if fixtures:
+        from flowkernel.fixtures import MockQuery
+
+        services["fixtures"] = fixtures
+        services["query_fn"] = MockQuery(fixtures)
+    return Kernel(open_store(args.db, create=create), services=services)
+
+
+def printer(args: argparse.Namespace) -> Any:
+    if args.json:
+        from flowkernel.events import encode
+
+        def emit(ev: BaseEvent) -> None:
+            try:
+                sys.stdout.write(encode(ev).decode() + "\n")
+                sys.stdout.flush()
+            except BrokenPipeError:
+                _stdout_closed()
+        return emit
+    from flowkernel.render import LiveView
+
+    view = LiveView(sys.stdout)
+
+    def show(ev: BaseEvent) -> None:
+        try:
+            view(ev)
+        except BrokenPipeError:
+            _stdout_closed()
+    return show
+
+
+def _stdout_closed() -> None:
+    """The reader went away (``| head``): stop printing, keep the run going, exit quietly."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+
+
+def exit_for(snap: RunSnapshot, run_id: str) -> int:
+    if snap.status == "completed":
+        return EXIT_OK
+    if snap.status in ("paused", "waiting"):
+        if snap.status == "waiting":
+            for n, w in snap.waiting.items():
+                print(f"flowkernel: {n} waits for a reply: flowkernel reply {run_id} --to {w.runId} 'ANSWER'",
+                      file=sys.stderr)
+        else:
+            print(f"flowkernel: paused; continue with: flowkernel resume {run_id}", file=sys.stderr)
+        return EXIT_STOPPED
+    if snap.status == "failed":
+        print(f"flowkernel: run {run_id} failed: {snap.error}; re-run its failed nodes with: "
+              f"flowkernel retry {run_id}", file=sys.stderr)
+    return EXIT_FAILED
+
+
+def run_async(fn: Any, *a: Any, **kw: Any) -> Any:
+    import anyio
+
+    return anyio.run(lambda: fn(*a, **kw))
+
+
+
+def resume_if_stopped(snap: RunSnapshot) -> list[BaseEvent]:
+    from flowkernel.events import FlowResumed
+
+    if snap.status in ("waiting", "running"):
+        return [FlowResumed(message=None)]
+    return []
+

@@ -1,0 +1,143 @@
+"""What a running node sees: its ``NodeContext``, and the ``RunShell`` protocol it is served by."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol
+
+from flowkernel.errors import NodeFailure
+from flowkernel.events import BaseEvent, InboxConsumed, StatePatch
+from flowkernel.snapshot import InboxMessage, RunSnapshot
+from flowkernel.state_ops import OPS, apply_patch
+
+if TYPE_CHECKING:
+    from flowkernel.compiler import CompiledFlow
+    from flowkernel.registry import Registry
+    from flowkernel.store.base import Store
+
+
+class RunShell(Protocol):
+    """What a node context needs from the shell that executes the run."""
+
+    flow: CompiledFlow
+    registry: Registry
+    store: Store
+
+    def current_state(self) -> dict[str, Any]: ...
+
+    def current_snapshot(self) -> RunSnapshot: ...
+
+    def current_inbox(self, run_id: str) -> list[InboxMessage]: ...
+
+    def submit(self, draft: BaseEvent) -> None: ...
+
+    def submit_patch(self, draft: StatePatch, base: dict[str, Any], patched: dict[str, Any]) -> None: ...
+
+    async def submit_durable(self, draft: BaseEvent) -> None: ...
+
+    def pause_requested(self) -> bool: ...
+
+    async def wait_for_pause(self) -> None: ...
+
+    @property
+    def stop_reason(self) -> str | None: ...
+
+    @property
+    def services(self) -> dict[str, Any]: ...
+
+
+class NodeContext:
+    """Everything a running node may see and do. One per node run."""
+
+    def __init__(self, shell: RunShell, *, node_id: str, run_id: str, flow_run_id: str, attempt: int,
+                 input: Any, item: int | None, resumed_from: str | None) -> None:
+        self._shell = shell
+        self.node_id = node_id
+        self.run_id = run_id
+        self.flow_run_id = flow_run_id
+        self.attempt = attempt
+        self.input = input
+        self.item = item
+        self.resumed_from = resumed_from
+
+    @property
+    def flow(self) -> CompiledFlow:
+        return self._shell.flow
+
+    @property
+    def registry(self) -> Registry:
+        return self._shell.registry
+
+    @property
+    def store(self) -> Store:
+        return self._shell.store
+
+    @property
+    def services(self) -> dict[str, Any]:
+        """Process-wide services given to the Kernel (e.g. ``query_fn``, ``fixtures``)."""
+        return self._shell.services
+
+    @property
+    def raw_input(self) -> dict[str, Any]:
+        """The node's input as written in the flow file, bindings unresolved."""
+        return self._shell.flow.nodes[self.node_id].raw_input
+
+    def binding_context(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """What a ``{{ }}`` in this node would see now: the context and the ``$`` variables."""
+        from flowkernel.scheduling import binding_context, item_variables
+
+        snap = self._shell.current_snapshot()
+        ctx = binding_context(snap)
+        if self.item is not None and self.node_id in snap.forEach:
+            edge = self.flow.edges[self.flow.for_each_into[self.node_id]]
+            return item_variables(snap.forEach[self.node_id], self.item, edge.for_each_as, ctx)
+        return ctx, {}
+
+    @property
+    def state(self) -> dict[str, Any]:
+        """The run's state as of now (read-only: change it with ``patch_state``)."""
+        return self._shell.current_state()
+
+    def emit(self, draft: BaseEvent) -> None:
+        """Append an event for this node run; ordered, persisted with the next transition."""
+        draft.nodeId = self.node_id
+        draft.runId = self.run_id
+        self._shell.submit(draft)
+
+    async def emit_durable(self, draft: BaseEvent) -> None:
+        """Append an event and wait until it is committed to the store."""
+        draft.nodeId = self.node_id
+        draft.runId = self.run_id
+        await self._shell.submit_durable(draft)
+
+    def patch_state(self, op: str, path: str, value: Any) -> dict[str, Any]:
+        """Change the run's state (``set``, ``merge`` or ``append`` at a dotted path); returns the
+        state as it will be once the patch is applied."""
+        if op not in OPS:
+            raise NodeFailure(f"unknown state op {op!r}; use one of {', '.join(OPS)}", "state_error")
+        base = self.state
+        patched = apply_patch(base, op, path, value)  # raises NodeFailure now, not at apply time
+        self._shell.submit_patch(StatePatch(op=op, path=path, value=value, nodeId=self.node_id, runId=self.run_id),
+                                 base, patched)
+        return patched
+
+    def inbox(self) -> list[InboxMessage]:
+        """Messages delivered to this node run and not yet consumed."""
+        return list(self._shell.current_inbox(self.run_id))
+
+    async def consume_inbox(self, count: int) -> None:
+        """Mark the first ``count`` inbox messages as taken, durably, so none is delivered twice."""
+        if count > 0:
+            await self.emit_durable(InboxConsumed(count=count))
+
+    def pause_requested(self) -> bool:
+        """True once the run is asked to pause: a node may finish its current step and return."""
+        return self._shell.pause_requested()
+
+    async def wait_for_pause(self) -> None:
+        """Return when the run is asked to pause (for cooperative nodes that watch in a task)."""
+        await self._shell.wait_for_pause()
+
+    @property
+    def stop_reason(self) -> str | None:
+        """Why the run is stopping (``pause``, ``abort``, ``failed``), once it is; else None."""
+        return self._shell.stop_reason

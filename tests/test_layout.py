@@ -1,0 +1,100 @@
+"""The package layout shows the architecture: no import circles, the core never imports the shell,
+and product code never imports the test kit. Read from the sources (every import, also those inside
+functions), so a lazy import cannot hide a dependency."""
+
+from __future__ import annotations
+
+import ast
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# The pure core: the flow model, the compiler, expressions, the reducer and the scheduling rules,
+# events and the snapshot, and the node-type protocol. None of it may import the run shell, the
+# stores, the CLI or anything that executes runs.
+CORE = {"flowkernel.flow", "flowkernel.flowfile", "flowkernel.compiler", "flowkernel.expressions",
+        "flowkernel.reducer", "flowkernel.scheduling", "flowkernel.events", "flowkernel.snapshot",
+        "flowkernel.state_ops", "flowkernel.errors", "flowkernel.ids", "flowkernel.node"}
+
+
+def _modules() -> dict[str, Path]:
+    """Every module of the installed ``flowkernel`` package, by its import name (via ``package-dir``)."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    mapping = config["tool"]["setuptools"]["package-dir"]
+    found: dict[str, Path] = {}
+    for package in sorted(mapping, key=len):  # parents first: a mapped sub-package replaces their view of it
+        folder = ROOT / mapping[package]
+        for path in folder.rglob("*.py"):
+            parts = [p for p in path.relative_to(folder).with_suffix("").parts if p != "__init__"]
+            found[".".join([package, *parts])] = path
+    return found
+
+
+def _imports(path: Path, known: set[str]) -> set[str]:
+    """The flowkernel modules ``path`` imports at run time (``if TYPE_CHECKING:`` blocks left out)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    skipped: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skipped |= {id(n) for child in node.body for n in ast.walk(child)}
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        names: list[str] = []
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        out |= {n for n in names if n in known}
+    return out
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = _modules()
+    known = set(modules)
+    return {name: _imports(path, known) - {name} for name, path in modules.items()}
+
+
+def test_modules_of_the_package_do_not_import_each_other_in_a_circle() -> None:
+    graph = _graph()
+    # A module importing its own package's __init__ (``from flowkernel.cli import x``) is not a cycle.
+    graph = {m: {d for d in deps if not m.startswith(d + ".")} for m, deps in graph.items()}
+    seen: dict[str, int] = {}  # 1: on the current path, 2: done
+    cycles: list[list[str]] = []
+
+    def visit(module: str, path: list[str]) -> None:
+        seen[module] = 1
+        for dep in sorted(graph.get(module, ())):
+            if seen.get(dep) == 1:
+                cycles.append([*path[path.index(dep):], dep])
+            elif dep not in seen:
+                visit(dep, [*path, dep])
+        seen[module] = 2
+
+    for module in sorted(graph):
+        if module not in seen:
+            visit(module, [module])
+    assert not cycles, "import circles:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+def test_the_core_never_imports_the_shell() -> None:
+    graph = _graph()
+    assert CORE <= set(graph), f"core modules missing: {sorted(CORE - set(graph))}"
+    leaks = {m: sorted(graph[m] - CORE) for m in CORE if graph[m] - CORE}
+    assert not leaks, f"core modules importing outside the core: {leaks}"
+
+
+def test_product_code_never_imports_the_test_kit() -> None:
+    graph = _graph()
+    leaks = {m: sorted(d for d in deps if d.startswith("flowkernel.testing"))
+             for m, deps in graph.items() if not m.startswith("flowkernel.testing")}
+    assert not {m: d for m, d in leaks.items() if d}, f"product modules importing flowkernel.testing: {leaks}"
+
+
+def test_every_package_folder_is_listed_for_the_wheel() -> None:
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    listed = set(config["tool"]["setuptools"]["packages"])
+    packages = {name for name, path in _modules().items() if path.name == "__init__.py"}
+    assert packages <= listed, f"add to [tool.setuptools] packages: {sorted(packages - listed)}"
