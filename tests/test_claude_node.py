@@ -61,7 +61,7 @@ async def test_plain_text_streams_deltas_and_completes_with_the_text(tmp_path: P
     assert out["sessionId"] == snap.agentSessions["agent"]
     body = fake.requests[0].body
     assert body["messages"] == [{"role": "user", "content": "Greet Ada"}]
-    assert body["system"] == "Be brief." and body["stream"] is True and body["model"] == "claude-sonnet-4-5"
+    assert body["system"] == "Be brief." and body["stream"] is True and body["model"] == "claude-sonnet-5-5"
     assert fake.requests[0].headers.get("authorization") == "Bearer test"
 
     events = agent_events(kernel, snap.runId)
@@ -248,8 +248,8 @@ async def test_usage_is_summed_over_turns_and_priced_from_the_table(tmp_path: Pa
 
 async def test_default_prices_apply_to_dated_model_ids(tmp_path: Path, fake: FakeAnthropic) -> None:
     fake.script(reply(Text("hi"), input_tokens=1_000_000, output_tokens=1_000_000))
-    _, snap = await run_agent(tmp_path, fake, prompt="x", model="claude-sonnet-4-5-20250929")
-    assert snap.outputs["agent"]["totalCostUsd"] == pytest.approx(3.0 + 15.0)
+    _, snap = await run_agent(tmp_path, fake, prompt="x", model="claude-haiku-4-5-20251001")
+    assert snap.outputs["agent"]["totalCostUsd"] == pytest.approx(1.0 + 5.0)
 
 
 # --- faults --------------------------------------------------------------------------------

@@ -31,7 +31,7 @@ def agent_doc(prompt: str = "Say hi", node: str = "agent") -> dict[str, Any]:
 
 
 def call(prompt: str, answer: str, **extra: Any) -> dict[str, Any]:
-    return {"input": {"model": "claude-sonnet-4-5", "max_tokens": 4096,
+    return {"input": {"model": "claude-sonnet-5-5", "max_tokens": 4096,
                       "messages": [{"role": "user", "content": prompt}]},
             "output": {"content": [{"type": "text", "text": answer}], "stopReason": "end_turn",
                        "usage": {"inputTokens": 3, "outputTokens": 2}},

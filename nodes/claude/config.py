@@ -8,7 +8,7 @@ from typing import Any
 from flowkernel.errors import NodeFailure, Problem
 from flowkernel.node import check_json_schema
 
-DEFAULT_MODEL = "claude-sonnet-4-5"
+DEFAULT_MODEL = "claude-sonnet-5-5"  # current, and not in the SDK's deprecation table
 DEFAULT_MAX_TOKENS = 8192
 DEFAULT_MAX_TURNS = 50
 DEFAULT_MAX_TOTAL_TURNS = 500

@@ -1,10 +1,11 @@
 """What model calls cost: a per-model price table (USD per million tokens) the user can override.
 
 Overrides, later wins: the file named by ``FLOWKERNEL_PRICES`` (JSON), then ``services["prices"]``.
-Both map a model id or id prefix to ``{"input", "output", "cacheWrite"?, "cacheRead"?}``; cache
-prices default to 1.25x and 0.1x the input price, as the API bills them (5-minute cache writes).
-A model is matched by its longest prefix in the table, so dated ids (``claude-sonnet-4-5-20250929``)
-find their family.
+Both map a model id or id prefix to ``{"input", "output", "cacheWrite"?, "cacheRead"?, "longPrompt"?}``;
+cache prices default to 1.25x and 0.1x the input price, as the API bills them (5-minute cache writes),
+and ``longPrompt`` (``{"above": <prompt tokens>, "input", "output", ...}``) gives the rates of a
+request whose prompt is longer than ``above`` tokens. A model is matched by its longest prefix in the
+table, so dated ids (``claude-haiku-4-5-20251001``) find their family.
 """
 
 from __future__ import annotations
@@ -20,36 +21,69 @@ from flowkernel.errors import InvalidInputError
 
 @dataclass(frozen=True, slots=True)
 class Price:
+    """Rates of one model, USD per million tokens. ``long`` applies instead to a request whose prompt
+    (input, cache writes and cache reads together) is longer than ``long_above`` tokens."""
+
     input: float
     output: float
     cache_write: float
     cache_read: float
+    long: Price | None = None
+    long_above: int = 0
 
     @staticmethod
     def of(spec: Mapping[str, Any]) -> Price:
         try:
             inp, out = float(spec["input"]), float(spec["output"])
+            cache_write = float(spec.get("cacheWrite", inp * 1.25))
+            cache_read = float(spec.get("cacheRead", inp * 0.1))
         except (KeyError, TypeError, ValueError):
             raise InvalidInputError(f"price {dict(spec)!r} needs numeric `input` and `output` (USD per "
-                                    "million tokens)") from None
-        return Price(inp, out, float(spec.get("cacheWrite", inp * 1.25)), float(spec.get("cacheRead", inp * 0.1)))
+                                    "million tokens), and numeric `cacheWrite`/`cacheRead` if given") from None
+        long_spec = spec.get("longPrompt")
+        if long_spec is None:
+            return Price(inp, out, cache_write, cache_read)
+        above = long_spec.get("above") if isinstance(long_spec, Mapping) else None
+        if not isinstance(above, int) or isinstance(above, bool) or above < 1:
+            raise InvalidInputError(f"price {dict(spec)!r}: `longPrompt` needs `above` (a prompt length in "
+                                    "tokens) and the rates that apply above it")
+        return Price(inp, out, cache_write, cache_read, Price.of(long_spec), above)
 
 
-# Published list prices, USD per million tokens.
+def _rates(inp: float, out: float, write: float, read: float) -> Price:
+    return Price(inp, out, write, read)
+
+
+# List prices of the Claude API, USD per million tokens: base input, output, 5-minute cache write,
+# cache read. Source: platform.claude.com/docs/en/about-claude/pricing and each model's overview
+# page, checked 2026-11-22 (Sonnet 5.5's cache read is $0.10 since 2026-10-07). Every model the API
+# still serves is here, and Opus 4 / 4.1, still served on Amazon Bedrock and Google Cloud. Cache
+# writes are 1.25x input; cache reads 0.1x input, except 0.025x on Fable/Mythos 5.1 and 5.2 and 0.05x
+# on Opus 5.5 and Sonnet 5.5. Haiku 5.5 bills a prompt over 100,000 tokens at five times its rates,
+# every token of that request included; Sonnet 4.5 one over 200,000 tokens (1M context) at 2x input
+# and 1.5x output.
 DEFAULT_PRICES: dict[str, Price] = {
-    name: Price.of({"input": i, "output": o}) for name, (i, o) in {
-        "claude-opus-4-5": (5.0, 25.0),
-        "claude-opus-4-1": (15.0, 75.0),
-        "claude-opus-4": (15.0, 75.0),
-        "claude-sonnet-4-5": (3.0, 15.0),
-        "claude-sonnet-4": (3.0, 15.0),
-        "claude-3-7-sonnet": (3.0, 15.0),
-        "claude-3-5-sonnet": (3.0, 15.0),
-        "claude-haiku-4-5": (1.0, 5.0),
-        "claude-3-5-haiku": (0.8, 4.0),
-        "claude-3-haiku": (0.25, 1.25),
-        "claude-3-opus": (15.0, 75.0),
-    }.items()
+    "claude-fable-5-2": _rates(8.0, 40.0, 10.0, 0.20),
+    "claude-mythos-5-2": _rates(8.0, 40.0, 10.0, 0.20),
+    "claude-fable-5-1": _rates(10.0, 50.0, 12.50, 0.25),
+    "claude-mythos-5-1": _rates(10.0, 50.0, 12.50, 0.25),
+    "claude-fable-5": _rates(10.0, 50.0, 12.50, 1.0),
+    "claude-mythos-5": _rates(10.0, 50.0, 12.50, 1.0),
+    "claude-opus-5-5": _rates(4.0, 20.0, 5.0, 0.20),
+    "claude-opus-5": _rates(5.0, 25.0, 6.25, 0.50),
+    "claude-opus-4-8": _rates(5.0, 25.0, 6.25, 0.50),
+    "claude-opus-4-7": _rates(5.0, 25.0, 6.25, 0.50),
+    "claude-opus-4-6": _rates(5.0, 25.0, 6.25, 0.50),
+    "claude-opus-4-5": _rates(5.0, 25.0, 6.25, 0.50),
+    "claude-opus-4-1": _rates(15.0, 75.0, 18.75, 1.50),
+    "claude-opus-4-0": _rates(15.0, 75.0, 18.75, 1.50),
+    "claude-opus-4-20250514": _rates(15.0, 75.0, 18.75, 1.50),
+    "claude-sonnet-5-5": _rates(2.0, 10.0, 2.50, 0.10),
+    "claude-sonnet-5": _rates(2.0, 10.0, 2.50, 0.20),
+    "claude-sonnet-4-6": _rates(3.0, 15.0, 3.75, 0.30),
+    "claude-sonnet-4-5": Price(3.0, 15.0, 3.75, 0.30, _rates(6.0, 22.50, 7.50, 0.60), 200_000),
+    "claude-haiku-5-5": Price(0.10, 0.50, 0.125, 0.01, _rates(0.50, 2.50, 0.625, 0.05), 100_000),
+    "claude-haiku-4-5": _rates(1.0, 5.0, 1.25, 0.10),
 }
 
 
@@ -76,10 +110,19 @@ def find_price(model: str, table: Mapping[str, Price]) -> Price | None:
     return table[best] if best is not None else None
 
 
+def prompt_tokens(usage: Mapping[str, int]) -> int:
+    """Every token of one request's prompt: the API reports cache reads and writes apart from input."""
+    return (usage.get("inputTokens", 0) + usage.get("cacheCreationInputTokens", 0)
+            + usage.get("cacheReadInputTokens", 0))
+
+
 def cost_usd(usage: Mapping[str, int], price: Price | None) -> float:
-    """Cost of one model's ``usage`` (inputTokens, outputTokens, cacheCreationInputTokens, cacheReadInputTokens)."""
+    """Cost of one model call's ``usage`` (inputTokens, outputTokens, cacheCreationInputTokens,
+    cacheReadInputTokens). One call: a long-prompt rate depends on that request's prompt alone."""
     if price is None:
         return 0.0
+    if price.long is not None and prompt_tokens(usage) > price.long_above:
+        price = price.long
     return (usage.get("inputTokens", 0) * price.input + usage.get("outputTokens", 0) * price.output
             + usage.get("cacheCreationInputTokens", 0) * price.cache_write
             + usage.get("cacheReadInputTokens", 0) * price.cache_read) / 1_000_000

@@ -212,6 +212,12 @@ class AnthropicQuery:
             self._clients[loop] = client
         return client
 
+    async def aclose(self) -> None:
+        """Close the client this event loop uses (its connections belong to the loop)."""
+        client = self._clients.pop(asyncio.get_running_loop(), None)
+        if client is not None:
+            await client.close()
+
     async def __call__(self, request: dict[str, Any], emit: Callable[[BaseEvent], None],
                        ctx: QueryContext) -> ModelMessage:
         attempt = 0
