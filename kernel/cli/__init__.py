@@ -1,6 +1,6 @@
 """``flowkernel``: the command line, a thin layer over ``flowkernel.api``.
 
-One module per command group (``flows``, ``inspect``, ``control``, ``timetravel``); ``session`` holds
+One module per command group (``flows``, ``inspect``, ``control``, ``timetravel``, ``examples``); ``session`` holds
 what they share. Exit codes: 0 completed, 1 failed or error, 2 invalid input, 3 paused or waiting.
 Heavy modules are imported inside the commands so ``flowkernel --help`` stays fast.
 """
@@ -10,17 +10,33 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import Any
 
-from flowkernel.cli import control, flows, inspect, timetravel
+from flowkernel.cli import control, examples, flows, inspect, timetravel
 from flowkernel.cli.session import EXIT_FAILED, EXIT_INVALID, EXIT_OK, EXIT_STOPPED
 
 __all__ = ["EXIT_FAILED", "EXIT_INVALID", "EXIT_OK", "EXIT_STOPPED", "main"]
 
-GROUPS = (flows, inspect, control, timetravel)
+GROUPS = (flows, inspect, control, timetravel, examples)
+
+
+class _Version(argparse.Action):
+    """``--version``: the installed distribution's version, looked up only when asked for."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        import flowkernel
+
+        print(f"flowkernel {flowkernel.__version__}")
+        parser.exit()
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="flowkernel", description="Run JSON agent workflows with durable, resumable snapshots.")
+    p.add_argument("--version", action=_Version, help="print flowkernel's version and exit")
     p.add_argument("--plugin", action="append", default=[], metavar="MODULE",
                    help="import a module that registers functions, tools or node types (repeatable)")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
