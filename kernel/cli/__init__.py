@@ -1,6 +1,6 @@
 """``flowkernel``: the command line, a thin layer over ``flowkernel.api``.
 
-One module per command group (``flows``, ``inspect``, ``control``, ``timetravel``, ``examples``); ``session`` holds
+One module per command group (``flows``, ``inspect``, ``control``, ``timetravel``, ``record``, ``examples``); ``session`` holds
 what they share. Exit codes: 0 completed, 1 failed or error, 2 invalid input, 3 paused or waiting.
 Heavy modules are imported inside the commands so ``flowkernel --help`` stays fast.
 """
@@ -12,12 +12,12 @@ import os
 import sys
 from typing import Any
 
-from flowkernel.cli import control, examples, flows, inspect, timetravel
+from flowkernel.cli import control, examples, flows, inspect, record, timetravel
 from flowkernel.cli.session import EXIT_FAILED, EXIT_INVALID, EXIT_OK, EXIT_STOPPED
 
 __all__ = ["EXIT_FAILED", "EXIT_INVALID", "EXIT_OK", "EXIT_STOPPED", "main"]
 
-GROUPS = (flows, inspect, control, timetravel, examples)
+GROUPS = (flows, inspect, control, timetravel, record, examples)
 
 
 class _Version(argparse.Action):
@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from flowkernel.registry import default_registry, load_plugins
 
-        plugins = list(args.plugin)
+        plugins = [*args.plugin, *getattr(args, "command_plugins", ())]  # before the command or after it
         if plugins and os.getcwd() not in sys.path:
             sys.path.insert(0, os.getcwd())  # like `python -m`: a project's own plugin modules import
         default_registry()

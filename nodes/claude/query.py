@@ -21,7 +21,7 @@ from typing import Any
 
 import anthropic
 import anyio
-from flowkernel.errors import NodeFailure
+from flowkernel.errors import InvalidInputError, NodeFailure
 from flowkernel.events import AgentError, AgentTextDelta, AgentThinkingDelta, BaseEvent
 from flowkernel.query import ModelMessage, QueryContext
 
@@ -251,6 +251,19 @@ class AnthropicQuery:
         if not acc.stopped:
             raise IncompleteStream("the stream ended before message_stop")
         return acc.result()
+
+
+CREDENTIAL_VARIABLES = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_BASE_URL")
+
+
+def require_credentials(what: str) -> None:
+    """Refuse, in one line, to start ``what`` against the API when nothing says where or as whom to call
+    it: better than failing at the first model call, after the nodes before it have run."""
+    import os
+
+    if not any(os.environ.get(name) for name in CREDENTIAL_VARIABLES):
+        raise InvalidInputError(f"{what} calls the Anthropic Messages API: set ANTHROPIC_API_KEY (or "
+                                "ANTHROPIC_BASE_URL for a compatible server); nothing was run")
 
 
 def default_query_fn() -> AnthropicQuery:
