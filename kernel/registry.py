@@ -11,13 +11,13 @@ import importlib
 import os
 import sys
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 from flowkernel.errors import InvalidInputError
 from flowkernel.node import NodeType
 
 F = TypeVar("F", bound=Callable[..., Any])
-
+T = TypeVar("T")
 
 V = TypeVar("V")
 
@@ -105,25 +105,96 @@ class Registry:
             self._entry_points_loaded = True
             _load_entry_points(self)
 
-    def add_node_type(self, node_type: NodeType | type[Any]) -> None:
+    # -- registration: one form for each of functions, tools and node types -------------------
+    #
+    #   @registry.register_function                 def f(...)    under its own name
+    #   @registry.register_function("name")         def f(...)    under "name" (also name="name")
+    #   registry.register_function(f)  /  registry.register_function("name", f)
+    #
+    # and the same for register_tool (a function or a flowkernel.tools.Tool; description= too) and
+    # register_node_type (a class or an instance; its ``name`` unless one is given). The decorator
+    # forms return what they decorate, unchanged. add_function, add_tool and add_node_type are the
+    # plain forms underneath, with every argument explicit.
+
+    @overload
+    def register_function(self, fn: F, /) -> F: ...
+    @overload
+    def register_function(self, key: str, fn: F, /) -> F: ...
+    @overload
+    def register_function(self, key: str | None = None, /) -> Callable[[F], F]: ...
+    @overload
+    def register_function(self, *, name: str) -> Callable[[F], F]: ...
+
+    def register_function(self, *args: Any, name: str | None = None) -> Any:
+        """Register a function for ``python`` nodes: a decorator (with or without a name) or a plain call."""
+        return _register("register_function", args, name,
+                         lambda key, fn: self.add_function(key or _own_name(fn, "function"), fn))
+
+    @overload
+    def register_tool(self, tool: F, /) -> F: ...
+    @overload
+    def register_tool(self, key: str, tool: T, /, *, description: str | None = None) -> T: ...
+    @overload
+    def register_tool(self, tool: T, /, *, description: str | None = None) -> T: ...
+    @overload
+    def register_tool(self, key: str | None = None, /, *, description: str | None = None) -> Callable[[T], T]: ...
+    @overload
+    def register_tool(self, *, name: str, description: str | None = None) -> Callable[[T], T]: ...
+
+    def register_tool(self, *args: Any, name: str | None = None, description: str | None = None) -> Any:
+        """Register a tool for ``claude.agent`` nodes (a function, or a ``Tool`` made with ``@tool``):
+        a decorator (with or without a name) or a plain call. ``description`` overrides the docstring."""
+        def add(key: str | None, entry: Any) -> None:
+            if key is None:  # a Tool carries its name; a function's is its own
+                own = getattr(entry, "name", None)
+                key = own if isinstance(own, str) and not callable(entry) else _own_name(entry, "tool")
+            if description is not None:
+                from flowkernel.tools import as_tool, make_tool  # pydantic: only when asked for
+
+                entry = make_tool(as_tool(key, entry).fn, name=key, description=description)
+            self.add_tool(key, entry)
+        return _register("register_tool", args, name, add)
+
+    @overload
+    def register_node_type(self, node_type: T, /) -> T: ...
+    @overload
+    def register_node_type(self, key: str, node_type: T, /) -> T: ...
+    @overload
+    def register_node_type(self, key: str | None = None, /) -> Callable[[T], T]: ...
+    @overload
+    def register_node_type(self, *, name: str) -> Callable[[T], T]: ...
+
+    def register_node_type(self, *args: Any, name: str | None = None) -> Any:
+        """Register a node type (a class, instantiated once, or an instance): a decorator (with or without
+        a name, which overrides the type's own ``name``) or a plain call."""
+        return _register("register_node_type", args, name, self._add_named_node_type)
+
+    def _add_named_node_type(self, name: str | None, node_type: Any) -> None:
         instance = node_type() if isinstance(node_type, type) else node_type
-        if not isinstance(instance, NodeType):
-            raise InvalidInputError(f"{node_type!r} is not a node type (needs `name` and `async run(ctx)`)")
+        if name is not None:
+            try:
+                instance.name = name
+            except AttributeError:
+                raise InvalidInputError(f"node type {node_type!r}: cannot set its name to {name!r}") from None
+        self.add_node_type(instance)
+
+    def add_node_type(self, node_type: NodeType | type[Any]) -> None:
+        """Register a node type under its ``name``; a class is instantiated once."""
+        instance = node_type() if isinstance(node_type, type) else node_type
+        if not isinstance(instance, NodeType) or not isinstance(getattr(instance, "name", None), str):
+            raise InvalidInputError(f"{node_type!r} is not a node type (needs a `name` string and `async run(ctx)`)")
         self.node_types[instance.name] = instance
 
     def add_function(self, name: str, fn: Callable[..., Any]) -> None:
+        """Register ``fn`` for ``python`` nodes under ``name``."""
         if not callable(fn):
             raise InvalidInputError(f"function {name!r} is not callable")
         self.functions[name] = fn
 
-    def function(self, name: str | None = None) -> Callable[[F], F]:
-        """Decorator: ``@registry.function()`` registers under the function's own name."""
-        def deco(fn: F) -> F:
-            self.add_function(name or fn.__name__, fn)
-            return fn
-        return deco
-
     def add_tool(self, name: str, tool: Any) -> None:
+        """Register a tool (a function or a ``flowkernel.tools.Tool``) under ``name``."""
+        if not callable(tool) and not callable(getattr(tool, "definition", None)):
+            raise InvalidInputError(f"tool {name!r} is {type(tool).__name__}, not a function or flowkernel.tools.Tool")
         self.tools[name] = tool
 
     def copy(self) -> Registry:
@@ -181,14 +252,83 @@ def load_plugins(modules: Iterable[str]) -> None:
         _loaded_plugins.add(mod)
 
 
-def register_function(name: str | None = None) -> Callable[[F], F]:
-    """Decorator registering a function for ``python`` nodes in the default registry."""
-    return default_registry().function(name)
+def _own_name(obj: Any, what: str) -> str:
+    name = getattr(obj, "__name__", None)
+    if not isinstance(name, str) or name == "<lambda>":
+        raise InvalidInputError(f"{what} {obj!r} has no name of its own; register it with a name")
+    return name
 
 
-def register_node_type(node_type: NodeType | type[Any]) -> None:
-    default_registry().add_node_type(node_type)
+def _register(api: str, args: tuple[Any, ...], name: str | None, add: Callable[[str | None, Any], None]) -> Any:
+    """The decorator and plain-call forms of one ``register_*``, over ``add(name or None, target)``."""
+    if len(args) > 2:
+        raise InvalidInputError(f"{api} takes a name, a target, or both (name first); got {len(args)} arguments")
+    first, second = (*args, None, None)[:2]
+    if second is not None:  # register_x("name", target)
+        if not isinstance(first, str) or name is not None:
+            raise InvalidInputError(f"{api}(name, target): the name comes first, once")
+        add(first, second)
+        return second
+    if first is None or isinstance(first, str):  # @register_x / @register_x("name") / @register_x(name=...)
+        if first is not None and name is not None:
+            raise InvalidInputError(f"{api}: give the name once")
+        chosen = first if first is not None else name
+
+        def decorate(target: Any) -> Any:
+            add(chosen, target)
+            return target
+        return decorate
+    add(name, first)  # @register_x on the target itself, or register_x(target)
+    return first
 
 
-def register_tool(name: str, tool: Any) -> None:
-    default_registry().add_tool(name, tool)
+# The process-wide forms: the same as the Registry methods, on ``default_registry()``.
+
+@overload
+def register_function(fn: F, /) -> F: ...
+@overload
+def register_function(key: str, fn: F, /) -> F: ...
+@overload
+def register_function(key: str | None = None, /) -> Callable[[F], F]: ...
+@overload
+def register_function(*, name: str) -> Callable[[F], F]: ...
+
+
+def register_function(*args: Any, name: str | None = None) -> Any:
+    """Register a function for ``python`` nodes in the default registry (see ``Registry.register_function``)."""
+    registry: Any = default_registry()  # the overloads above are checked at the caller
+    return registry.register_function(*args, name=name)
+
+
+@overload
+def register_tool(tool: F, /) -> F: ...
+@overload
+def register_tool(key: str, tool: T, /, *, description: str | None = None) -> T: ...
+@overload
+def register_tool(tool: T, /, *, description: str | None = None) -> T: ...
+@overload
+def register_tool(key: str | None = None, /, *, description: str | None = None) -> Callable[[T], T]: ...
+@overload
+def register_tool(*, name: str, description: str | None = None) -> Callable[[T], T]: ...
+
+
+def register_tool(*args: Any, name: str | None = None, description: str | None = None) -> Any:
+    """Register a tool in the default registry (see ``Registry.register_tool``)."""
+    registry: Any = default_registry()  # the overloads above are checked at the caller
+    return registry.register_tool(*args, name=name, description=description)
+
+
+@overload
+def register_node_type(node_type: T, /) -> T: ...
+@overload
+def register_node_type(key: str, node_type: T, /) -> T: ...
+@overload
+def register_node_type(key: str | None = None, /) -> Callable[[T], T]: ...
+@overload
+def register_node_type(*, name: str) -> Callable[[T], T]: ...
+
+
+def register_node_type(*args: Any, name: str | None = None) -> Any:
+    """Register a node type in the default registry (see ``Registry.register_node_type``)."""
+    registry: Any = default_registry()  # the overloads above are checked at the caller
+    return registry.register_node_type(*args, name=name)

@@ -8,8 +8,8 @@ when it takes one parameter annotated with a pydantic model, from that model::
         \"\"\"Add two numbers.\"\"\"
         return a + b
 
-    registry.add_tool("add", add)          # or register_tool("add", add), or the
-                                           # ``flowkernel.tools`` entry-point group
+    registry.register_tool(add)            # or @register_tool above @tool(), register_tool("add", add),
+                                           # or the ``flowkernel.tools`` entry-point group
 
 A plain function registered without ``@tool`` is wrapped on first use. ``ask_human`` is built in:
 the node handles it itself (the node run waits for a ``reply``), so it is never invoked here.

@@ -16,10 +16,9 @@ FACTS = {
 }
 
 
+@register_tool
 @tool()
 def lookup_fact(topic: str) -> str:
     """Look up a short fact about a database in the offline knowledge base."""
     return FACTS.get(topic.strip().lower(), f"No fact is known about {topic!r}.")
 
-
-register_tool("lookup_fact", lookup_fact)
