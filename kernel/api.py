@@ -44,6 +44,7 @@ from msgspec.structs import replace
 
 if TYPE_CHECKING:
     from flowkernel.history import Page
+    from flowkernel.summaries import RunSummary
 from flowkernel.store.open import open_store
 
 LEASE_TTL_MS = 15_000
@@ -134,11 +135,10 @@ class Kernel:
         validator = jsonschema.Draft202012Validator(schema)
         errors = sorted(validator.iter_errors(value), key=lambda e: list(e.absolute_path))
         if errors:
-            parts = []
-            for err in errors:
-                where = "input" + "".join(f"[{p!r}]" if isinstance(p, int) else f".{p}" for p in err.absolute_path)
-                parts.append(f"{where}: {err.message}")
-            raise RunInputError(f"{flow.source}: run input does not match `inputs`: " + "; ".join(parts))
+            problems = [("input" + "".join(f"[{p!r}]" if isinstance(p, int) else f".{p}" for p in err.absolute_path),
+                         err.message) for err in errors]
+            raise RunInputError(f"{flow.source}: run input does not match `inputs`: "
+                                + "; ".join(f"{where}: {message}" for where, message in problems), problems)
 
     # -- runs -------------------------------------------------------------------------------
 
@@ -194,26 +194,77 @@ class Kernel:
     def events(self, run_id: str, after: int = 0, until: int | None = None) -> list[Event]:
         return [decode(b) for b in self.store.read_events(run_id, after=after, until=until)]
 
+    def event_page(self, run_id: str, *, after: int = 0, types: frozenset[str] | None = None,
+                   limit: int = 100) -> tuple[list[bytes], int | None]:
+        """Up to ``limit`` stored events after seq ``after`` (of the given ``types`` only), each as the
+        bytes ``events --json`` prints, and the seq to pass as ``after`` for the next page (None once
+        the end of the stored log is reached). Unknown runs raise ``UnknownRunError``."""
+        self.store.get_run(run_id)
+        # msgspec writes the tag first: an event's type is the start of its body, no decoding needed.
+        prefixes = tuple(b'{"type":"' + t.encode() + b'"' for t in types) if types is not None else None
+        out: list[bytes] = []
+        seq = after
+        chunk = limit if prefixes is None else max(limit, 1000)
+        while True:
+            bodies = self.store.read_events(run_id, after=seq, until=seq + chunk)  # seqs are gapless
+            for body in bodies:
+                seq += 1
+                if prefixes is None or body.startswith(prefixes):
+                    out.append(body)
+                    if len(out) == limit:
+                        return out, seq
+            if len(bodies) < chunk:
+                return out, None
+
     def runs(self, status: str | None = None, parent: str | None = None, limit: int = 1000) -> list[RunRecord]:
         return self.store.list_runs(status=status, parent=parent, limit=limit)
 
+    def summary(self, run_id: str) -> RunSummary:
+        """The run's ``RunSummary``: status, times, and usage and cost with its child runs' added."""
+        from flowkernel.summaries import summaries
+
+        return summaries(self.store, [self.store.get_run(run_id)])[0]
+
+    def detail(self, run_id: str, at: int | None = None) -> dict[str, Any]:
+        """``{run, snapshot, children}`` as ``show --json`` prints it: the run's summary and details, its
+        snapshot (after event ``at``, or now) and its child runs' summaries."""
+        from flowkernel.summaries import detail_view, summaries
+
+        record = self.store.get_run(run_id)
+        snap = self.snapshot(run_id, at=at)
+        children = self.store.list_runs(parent=run_id, limit=100_000)
+        [run, *kids] = summaries(self.store, [record, *children])
+        return {"run": detail_view(record, run), "snapshot": msgspec.to_builtins(snap),
+                "children": [msgspec.to_builtins(k) for k in kids]}
+
+    def run_page(self, *, status: str | None = None, flow: str | None = None, parent: str | None = None,
+                 before: int | None = None, limit: int = 50) -> tuple[list[RunSummary], int | None]:
+        """A page of run summaries, newest first, and the key to pass as ``before`` for the next page
+        (None at the end). Runs created meanwhile never shift a later page: keys only grow."""
+        from flowkernel.summaries import summaries
+
+        records = self.store.page_runs(status=status, flow=flow, parent=parent, before=before, limit=limit + 1)
+        more = len(records) > limit
+        records = records[:limit]
+        return summaries(self.store, records), (records[-1].runNo if more and records else None)
+
     def messages(self, *, run_id: str | None = None, flow_run_id: str | None = None,
-                 session_id: str | None = None, after: int = 0, limit: int = 100) -> Page:
+                 session_id: str | None = None, after: int = 0, limit: int = 100, node_id: str | None = None) -> Page:
         """A page of stored agent messages (of a node run, a run or a session); pass
         ``nextCursor`` back as ``after`` for the next page."""
         from flowkernel.history import list_messages
 
         return list_messages(self.store, run_id=run_id, flow_run_id=flow_run_id, session_id=session_id,
-                             after=after, limit=limit)
+                             after=after, limit=limit, node_id=node_id)
 
     def tool_calls(self, *, run_id: str | None = None, flow_run_id: str | None = None,
                    session_id: str | None = None, tool_name: str | None = None, status: str | None = None,
-                   after: int = 0, limit: int = 100) -> Page:
+                   after: int = 0, limit: int = 100, node_id: str | None = None) -> Page:
         """A page of stored tool calls, filtered by tool name and status (``completed`` | ``error``)."""
         from flowkernel.history import list_tool_calls
 
         return list_tool_calls(self.store, run_id=run_id, flow_run_id=flow_run_id, session_id=session_id,
-                               tool_name=tool_name, status=status, after=after, limit=limit)
+                               tool_name=tool_name, status=status, after=after, limit=limit, node_id=node_id)
 
     async def follow(self, run_id: str, after: int = 0, poll_s: float = COMMAND_POLL_S) -> AsyncIterator[Event]:
         """Yield the run's events as they are stored (from ``after``), until the run stops running."""
@@ -365,7 +416,7 @@ class Kernel:
             outcome = judge_command(self.flow_of(run_id), snap, cmd, executing=False)
             if not outcome.accepted:
                 self._append_now(snap, [outcome.record])
-                raise CommandRejectedError(outcome.reason or "refused")
+                _raise_if_refused(outcome)
             return [outcome.record, then]
         return before
 
@@ -445,7 +496,7 @@ class Kernel:
                 await anyio.sleep(COMMAND_POLL_S)
         for ev in reversed(self.events(run_id)):
             if isinstance(ev, CommandReceived) and ev.command == cmd.kind and ev.target == cmd.target:
-                return _raise_if_refused(CommandOutcome(ev.accepted, ev, ev.reason))
+                return _raise_if_refused(CommandOutcome(ev.accepted, ev, ev.reason, invalid=ev.refusal == "invalid"))
         raise StoreError(f"run {run_id}: command {cmd.kind} was taken but its record is missing")
 
     def close(self) -> None:
@@ -454,7 +505,7 @@ class Kernel:
 
 def _raise_if_refused(outcome: CommandOutcome) -> CommandOutcome:
     if not outcome.accepted:
-        raise CommandRejectedError(outcome.reason or "command refused")
+        raise CommandRejectedError(outcome.reason or "command refused", invalid=outcome.invalid)
     return outcome
 
 

@@ -122,6 +122,9 @@ class CommandReceived(BaseEvent, tag="command:received"):
     command: str
     accepted: bool
     reason: str | None = None
+    # Why a refused command was refused: ``invalid`` (the command is wrong) or ``conflict`` (the run's
+    # state refuses it); the HTTP API answers 422 or 409.
+    refusal: str | None = None
     target: str | None = None
     content: Any = None
     commandId: str | None = None
@@ -172,6 +175,20 @@ class AgentError(BaseEvent, tag="agent:error"):
     details: Any = None
 
 
+# The keys of every ``usage`` object (agent:complete, agent:usage, run summaries), in this order.
+USAGE_KEYS = ("inputTokens", "outputTokens", "cacheCreationInputTokens", "cacheReadInputTokens")
+
+
+class AgentUsage(BaseEvent, tag="agent:usage"):
+    """One model call's tokens and what they cost, priced when the call was made. The run's summed
+    ``usage`` and ``totalCostUsd`` are a fold of these, so replay gives the same totals whatever the
+    price table says later."""
+
+    model: str
+    usage: dict[str, int] = msgspec.field(default_factory=dict)
+    costUsd: float = 0.0
+
+
 class AgentComplete(BaseEvent, tag="agent:complete"):
     result: Any = None
     structuredOutput: Any = None
@@ -187,7 +204,7 @@ Event = (
     | NodeStart | NodeComplete | NodeError | NodeSkipped | NodeWaiting
     | EdgeFire | EdgeSkip | LoopIterate | LoopExhausted | StatePatch | CommandReceived | InboxConsumed
     | AgentStart | AgentThinkingDelta | AgentTextDelta | AgentThinking | AgentText | AgentTool
-    | AgentError | AgentComplete
+    | AgentError | AgentUsage | AgentComplete
 )
 
 encoder = msgspec.json.Encoder()

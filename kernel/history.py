@@ -34,23 +34,24 @@ def _page(rows: list[dict[str, Any]], limit: int) -> Page:
 
 
 def list_messages(store: Store, *, run_id: str | None = None, flow_run_id: str | None = None,
-                  session_id: str | None = None, after: int = 0, limit: int = 100) -> Page:
-    """Messages of a node run (``run_id``), a whole run (``flow_run_id``) or a session, oldest first."""
+                  session_id: str | None = None, after: int = 0, limit: int = 100, node_id: str | None = None) -> Page:
+    """Messages of a node run (``run_id``), a whole run (``flow_run_id``) or a session, oldest first;
+    ``node_id`` keeps those of one node."""
     _check(limit, run_id, flow_run_id, session_id)
     rows = store.list_agent_messages(run_id=run_id, flow_run_id=flow_run_id, session_id=session_id,
-                                     after=after, limit=limit + 1)
+                                     after=after, limit=limit + 1, node_id=node_id)
     return _page(rows, limit)
 
 
 def list_tool_calls(store: Store, *, run_id: str | None = None, flow_run_id: str | None = None,
                     session_id: str | None = None, tool_name: str | None = None, status: str | None = None,
-                    after: int = 0, limit: int = 100) -> Page:
+                    after: int = 0, limit: int = 100, node_id: str | None = None) -> Page:
     """Tool calls, oldest first; ``status`` is ``completed`` or ``error``."""
     _check(limit, run_id, flow_run_id, session_id)
     if status is not None and status not in ("completed", "error"):
         raise InvalidInputError(f"status must be `completed` or `error`, not {status!r}")
     rows = store.list_tool_calls(run_id=run_id, flow_run_id=flow_run_id, session_id=session_id,
-                                 tool_name=tool_name, status=status, after=after, limit=limit + 1)
+                                 tool_name=tool_name, status=status, after=after, limit=limit + 1, node_id=node_id)
     return _page(rows, limit)
 
 

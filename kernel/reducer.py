@@ -17,7 +17,9 @@ from typing import Any
 
 from flowkernel.compiler import CompiledFlow
 from flowkernel.events import (
+    USAGE_KEYS,
     AgentStart,
+    AgentUsage,
     BaseEvent,
     CommandReceived,
     EdgeFire,
@@ -303,6 +305,12 @@ def _agent_start(flow: CompiledFlow, s: RunSnapshot, ev: AgentStart, o: bool) ->
     return replace(s, seq=ev.seq, agentSessions=_set(o, s.agentSessions, ev.nodeId or "", ev.sessionId)), frozenset()
 
 
+def _agent_usage(flow: CompiledFlow, s: RunSnapshot, ev: AgentUsage, o: bool) -> tuple[RunSnapshot, frozenset[str]]:
+    # Summed in event order, so a replay adds the same floats in the same order: equal to the bit.
+    usage = {k: s.usage.get(k, 0) + int(ev.usage.get(k, 0)) for k in USAGE_KEYS}
+    return replace(s, seq=ev.seq, usage=usage, totalCostUsd=s.totalCostUsd + ev.costUsd), frozenset()
+
+
 def _flow_start(flow: CompiledFlow, s: RunSnapshot, ev: FlowStart, o: bool) -> tuple[RunSnapshot, frozenset[str]]:
     return initial_snapshot(flow, ev), ALL
 
@@ -313,4 +321,5 @@ _HANDLERS: dict[type[BaseEvent], Any] = {
     NodeSkipped: _node_skipped, NodeWaiting: _node_waiting, EdgeFire: _edge_fire, EdgeSkip: _edge_skip,
     LoopIterate: _loop_iterate, LoopExhausted: _loop_exhausted, StatePatch: _state_patch,
     CommandReceived: _command, InboxConsumed: _inbox_consumed, AgentStart: _agent_start,
+    AgentUsage: _agent_usage,
 }

@@ -12,6 +12,14 @@ from typing import Any, TextIO
 from flowkernel.events import BaseEvent, to_dict
 from flowkernel.snapshot import RunSnapshot
 from flowkernel.store.base import RunRecord
+from flowkernel.summaries import RunSummary
+
+
+def cost_line(run: RunSummary) -> str:
+    """``$0.0123  1,204 in / 310 out tokens (cache: 0 written, 800 read)``."""
+    u = run.usage
+    return (f"${run.totalCostUsd:.4f}  {u.inputTokens:,} in / {u.outputTokens:,} out tokens "
+            f"(cache: {u.cacheCreationInputTokens:,} written, {u.cacheReadInputTokens:,} read)")
 
 
 def _color(stream: TextIO) -> bool:
@@ -121,11 +129,13 @@ class LiveView:
             self._line(self._c(code, "■"), status, f"{self.counts['done']} done, {self.counts['skipped']} skipped{err}")
 
 
-def show_snapshot(record: RunRecord, snap: RunSnapshot, out: TextIO) -> None:
-    """A readable picture of a run: status, nodes, what it waits for, loops and state."""
+def show_snapshot(record: RunRecord, snap: RunSnapshot, out: TextIO, summary: RunSummary | None = None) -> None:
+    """A readable picture of a run: status, cost, nodes, what it waits for, loops and state."""
     out.write(f"run      {record.runId}\nflow     {record.flowName}  ({record.flowHash[:19]}…)\n")
     out.write(f"status   {snap.status}" + (f"  error: {snap.error}" if snap.error else "") + "\n")
     out.write(f"events   {snap.seq}\n")
+    if summary is not None:  # the run's cost now (child runs included), whatever seq is shown
+        out.write(f"cost     {cost_line(summary)}\n")
     if record.parentRunId:
         out.write(f"parent   {record.parentRunId} (node run {record.parentNodeRunId})\n")
     out.write(f"input    {preview(snap.input, 100)}\n\nnodes\n")
@@ -156,11 +166,14 @@ def show_snapshot(record: RunRecord, snap: RunSnapshot, out: TextIO) -> None:
         out.write(f"\nstate    {preview(snap.state, 100)}\n")
 
 
-def show_runs(records: list[RunRecord], out: TextIO) -> None:
-    if not records:
+def show_runs(runs: list[RunSummary], out: TextIO) -> None:
+    if not runs:
         out.write("no runs\n")
         return
-    out.write(f"{'RUN':<26} {'FLOW':<18} {'STATUS':<10} {'EVENTS':>6}  {'UPDATED':<19} PARENT\n")
-    for r in records:
+    out.write(f"{'RUN':<26} {'FLOW':<18} {'STATUS':<10} {'COST':>9} {'TOKENS':>9}  {'UPDATED':<19} PARENT\n")
+    for r in runs:
         updated = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.updatedAt / 1000))
-        out.write(f"{r.runId:<26} {r.flowName[:18]:<18} {r.status:<10} {r.seq:>6}  {updated:<19} {r.parentRunId or ''}\n")
+        tokens = r.usage.inputTokens + r.usage.outputTokens + r.usage.cacheCreationInputTokens \
+            + r.usage.cacheReadInputTokens
+        out.write(f"{r.runId:<26} {r.flowName[:18]:<18} {r.status:<10} {'$' + format(r.totalCostUsd, '.4f'):>9} "
+                  f"{tokens:>9,}  {updated:<19} {r.parentRunId or ''}\n")

@@ -49,7 +49,7 @@ from flowkernel.reducer import ALL, apply, own
 from flowkernel.registry import Registry
 from flowkernel.scheduling import decide
 from flowkernel.snapshot import InboxMessage, RunSnapshot
-from flowkernel.store.base import EventRow, Store
+from flowkernel.store.base import EventRow, RunTotals, Store
 from msgspec.structs import replace
 
 EventListener = Callable[[BaseEvent], None]
@@ -130,6 +130,8 @@ class RunExecution:
         # The lease this execution holds: the commit that stops the run with no node run left ends it.
         self._lease_owner = lease_owner
         self.lease_released = False
+        # The usage map the run row holds (the reducer replaces it on every agent:usage: an identity check).
+        self._usage_stored = self.snap.usage
 
     # -- what node contexts use -------------------------------------------------------------
 
@@ -432,9 +434,12 @@ class RunExecution:
         self._rows, self._applied, self._waiters = [], [], []
         # Nothing can follow a stop with no node run in flight: that commit ends the lease too.
         release = self._lease_owner if stopped and not self._active else None
+        snap = self.snap
+        totals = None if snap.usage is self._usage_stored else RunTotals(snap.usage, snap.totalCostUsd)
         try:
-            self.store.commit(self.snap.runId, rows, self.snap.status, self.snap.seq, self.snap.error, checkpoint,
-                              blobs, release)
+            self.store.commit(snap.runId, rows, snap.status, snap.seq, snap.error, checkpoint, blobs, release,
+                              totals=totals)
+            self._usage_stored = snap.usage
             if release is not None:
                 self._lease_owner, self.lease_released = None, True
             for cid, seq in self._finished_commands:

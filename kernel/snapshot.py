@@ -54,6 +54,10 @@ class RunSnapshot(msgspec.Struct, kw_only=True):
     error: str | None = None
     parentRunId: str | None = None
     parentNodeRunId: str | None = None
+    # What the run's own model calls used and cost (a fold of its ``agent:usage`` events); child
+    # runs keep their own, and ``flowkernel.summaries`` adds them up for the parent.
+    usage: dict[str, int] = msgspec.field(default_factory=dict)
+    totalCostUsd: float = 0.0
 
     def __repr__(self) -> str:
         # A run of a thousand nodes has maps of a thousand entries: show the first few of each, the

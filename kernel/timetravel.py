@@ -253,7 +253,8 @@ def create_fork(kernel: Kernel, run_id: str, at: int, *, input: dict[str, Any] |
     cutoff = events[-1].timestamp
     fork_record = RunRecord(runId=fork_id, flowName=record.flowName, flowHash=record.flowHash, status=snap.status,
                             seq=snap.seq, input=value, createdAt=start.timestamp, updatedAt=start.timestamp,
-                            error=snap.error, forkedFrom=run_id, forkedAt=at, flowSource=record.flowSource)
+                            error=snap.error, forkedFrom=run_id, forkedAt=at, flowSource=record.flowSource,
+                            usage=snap.usage, totalCostUsd=snap.totalCostUsd)
     skeleton, blobs = encode_checkpoint(snap)
     kernel.store.create_run(fork_record, rows, skeleton, blobs)
     _copy_conversations(kernel, run_id, fork_id, finished, cutoff, {e.runId for e in copied

@@ -66,7 +66,7 @@ async def test_plain_text_streams_deltas_and_completes_with_the_text(tmp_path: P
 
     events = agent_events(kernel, snap.runId)
     assert types(events) == ["agent:start", "agent:text:delta", "agent:text:delta", "agent:text:delta",
-                             "agent:complete"]
+                             "agent:usage", "agent:complete"]
     assert "".join(e.content for e in events if isinstance(e, AgentTextDelta)) == "Hello, Ada!"
     # every event carries the node and its node run; the stored order is gapless
     node_run = snap.nodeRuns["agent"]

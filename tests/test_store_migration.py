@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 import anyio
 from flowkernel.api import Kernel
 from flowkernel.store.memory import MemoryStore
 from flowkernel.store.sql import SCHEMA_VERSION
 from flowkernel.store.sqlite import SqliteStore
+
+from tests.test_postgres import pg_url  # noqa: F401  (the fixture)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -64,3 +67,101 @@ def test_a_version_2_database_is_migrated_and_its_runs_read_back_the_same(tmp_pa
     assert check.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     assert check.execute("SELECT count(*) FROM sqlite_master WHERE name = 'sqlite_autoindex_events_1'").fetchone()[0] == 0
     check.close()
+
+
+# Schema version 4 as it was released (before run usage and cost, idempotency keys and agent runs),
+# with ``{id}``, ``{key}`` and ``{body}`` as in flowkernel.store.sql.
+V4 = [
+    "CREATE TABLE flows (hash TEXT PRIMARY KEY, name TEXT NOT NULL, document TEXT NOT NULL, created_at BIGINT NOT NULL)",
+    """CREATE TABLE runs (run_id TEXT PRIMARY KEY, flow_hash TEXT NOT NULL, flow_name TEXT NOT NULL, flow_source TEXT,
+        status TEXT NOT NULL, seq BIGINT NOT NULL, input TEXT NOT NULL, error TEXT, parent_run_id TEXT,
+        parent_node_run_id TEXT, forked_from TEXT, forked_at BIGINT, created_at BIGINT NOT NULL,
+        updated_at BIGINT NOT NULL, lease_owner TEXT, lease_expires_at BIGINT, run_no BIGINT)""",
+    "CREATE UNIQUE INDEX runs_run_no ON runs (run_no)",
+    "CREATE TABLE events (id {key}, ts BIGINT NOT NULL, body {body} NOT NULL)",
+    "CREATE TABLE checkpoints (run_id TEXT PRIMARY KEY, seq BIGINT NOT NULL, body {body} NOT NULL)",
+    "CREATE TABLE blobs (key TEXT PRIMARY KEY, body {body} NOT NULL)",
+    "CREATE TABLE commands (id {id}, run_id TEXT NOT NULL, body TEXT NOT NULL, created_at BIGINT NOT NULL, taken_seq BIGINT)",
+    """CREATE TABLE agent_messages (id {id}, flow_run_id TEXT NOT NULL, run_id TEXT NOT NULL, node_id TEXT NOT NULL,
+        session_id TEXT NOT NULL, role TEXT NOT NULL, content TEXT NOT NULL, step INTEGER NOT NULL,
+        created_at BIGINT NOT NULL)""",
+    """CREATE TABLE agent_tool_calls (id {id}, flow_run_id TEXT NOT NULL, run_id TEXT NOT NULL, node_id TEXT NOT NULL,
+        session_id TEXT NOT NULL, message_id BIGINT, tool_name TEXT NOT NULL, tool_use_id TEXT NOT NULL, input TEXT,
+        output TEXT, status TEXT NOT NULL, duration_ms BIGINT, step INTEGER NOT NULL, created_at BIGINT NOT NULL)""",
+]
+
+
+def _write_v4(db: Any, source: Kernel, snaps: list[Any], *, param: str, blob: Any) -> None:
+    """Copy ``source``'s runs into a version-4 database through the DB-API connection ``db``."""
+    hello_hash = source.store.get_run(snaps[0].runId).flowHash
+    q = lambda sql: sql.replace("?", param)  # noqa: E731
+    db.execute(q("INSERT INTO flows VALUES (?, ?, ?, 0)"), (hello_hash, "hello", source.store.get_flow(hello_hash)))
+    for no, snap in enumerate(snaps, start=1):
+        record = source.store.get_run(snap.runId)
+        db.execute(q("INSERT INTO runs (run_id, flow_hash, flow_name, status, seq, input, created_at, updated_at, "
+                     "run_no) VALUES (?, ?, 'hello', ?, ?, '{}', ?, ?, ?)"),
+                   (snap.runId, hello_hash, snap.status, snap.seq, record.createdAt, record.updatedAt, no))
+        for i, body in enumerate(source.store.read_events(snap.runId), start=1):
+            db.execute(q("INSERT INTO events VALUES (?, ?, ?)"), (no * 2**32 + i, record.createdAt, blob(body)))
+        seq, skeleton = source.store.read_checkpoint(snap.runId) or (0, b"")
+        db.execute(q("INSERT INTO checkpoints VALUES (?, ?, ?)"), (snap.runId, seq, blob(skeleton)))
+    for key, body in source.store._blobs.items():  # type: ignore[attr-defined]
+        db.execute(q("INSERT INTO blobs VALUES (?, ?) ON CONFLICT DO NOTHING"), (key, blob(body)))
+
+
+def _check_v5(kernel: Kernel, snaps: list[Any]) -> None:
+    for snap in snaps:
+        assert kernel.snapshot(snap.runId) == snap
+        summary = kernel.summary(snap.runId)
+        assert summary.totalCostUsd == 0.0 and summary.usage.inputTokens == 0  # no agent:usage events: zero
+    page, cursor = kernel.run_page(limit=1)
+    assert [r.runId for r in page] == [snaps[1].runId] and cursor is not None
+    later = anyio.run(kernel.run, kernel.flow_of(snaps[0].runId), {"name": "Lin"})
+    assert later.status == "completed"
+    assert [r.runId for r in kernel.run_page()[0]] == [later.runId, snaps[1].runId, snaps[0].runId]
+
+
+def _hello_runs() -> tuple[Kernel, list[Any]]:
+    source = Kernel(MemoryStore())
+    hello = source.load_flow(ROOT / "flows" / "hello.json")
+    return source, [anyio.run(source.run, hello, {"name": name}) for name in ("Ada", "Grace")]
+
+
+def test_a_version_4_sqlite_database_is_migrated_to_version_5(tmp_path: Path) -> None:
+    source, snaps = _hello_runs()
+    db_path = tmp_path / "v4.db"
+    db = sqlite3.connect(db_path)
+    for stmt in V4:
+        db.execute(stmt.replace("{id}", "INTEGER PRIMARY KEY AUTOINCREMENT").replace("{key}", "INTEGER PRIMARY KEY")
+                   .replace("{body}", "TEXT"))
+    _write_v4(db, source, snaps, param="?", blob=lambda b: b.decode())
+    db.execute("PRAGMA user_version = 4")
+    db.commit()
+    db.close()
+    kernel = Kernel(SqliteStore(db_path))
+    _check_v5(kernel, snaps)
+    kernel.close()
+    check = sqlite3.connect(db_path)
+    assert check.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
+    assert check.execute("SELECT count(*) FROM agent_runs").fetchone()[0] == 0
+    check.close()
+
+
+def test_a_version_4_postgres_database_is_migrated_to_version_5(pg_url: str) -> None:  # noqa: F811
+    import psycopg
+    from flowkernel.store.postgres import PostgresStore
+
+    source, snaps = _hello_runs()
+    with psycopg.connect(pg_url, autocommit=True) as db:
+        db.execute("CREATE TABLE flowkernel_meta (key TEXT PRIMARY KEY, value BIGINT NOT NULL)")
+        db.execute("INSERT INTO flowkernel_meta VALUES ('changes', 0), ('schema_version', 4)")
+        for stmt in V4:
+            db.execute(stmt.replace("{id}", "BIGINT GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY")
+                       .replace("{key}", "BIGINT PRIMARY KEY").replace("{body}", "BYTEA"))
+        _write_v4(db, source, snaps, param="%s", blob=bytes)
+    kernel = Kernel(PostgresStore(pg_url))
+    _check_v5(kernel, snaps)
+    kernel.close()
+    with psycopg.connect(pg_url) as db:
+        row = db.execute("SELECT value FROM flowkernel_meta WHERE key = 'schema_version'").fetchone()
+        assert row is not None and row[0] == SCHEMA_VERSION

@@ -53,17 +53,20 @@ def add_parsers(sub: Any) -> None:
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
+    from flowkernel.summaries import detail_view, summaries
+
     with opened(args) as kernel:
         records = kernel.runs(status=args.status, parent=args.parent, limit=args.limit)
+        shown = summaries(kernel.store, records)
         if args.json:
-            import msgspec
+            import json
 
-            for r in records:
-                print(msgspec.json.encode(r).decode())
+            for r, s in zip(records, shown, strict=True):
+                print(json.dumps(detail_view(r, s), ensure_ascii=False))
         else:
             from flowkernel.render import show_runs
 
-            show_runs(records, sys.stdout)
+            show_runs(shown, sys.stdout)
         return EXIT_OK
 
 
@@ -106,18 +109,17 @@ def cmd_show(args: argparse.Namespace) -> int:
     with opened(args) as kernel:
         if args.messages or args.tool_calls:
             return _show_history(kernel, args)
-        record = kernel.store.get_run(args.run)
-        snap = kernel.snapshot(args.run, at=args.at)
-        children = kernel.runs(parent=args.run)
         if args.json:
-            import msgspec
+            import json
 
-            print(msgspec.json.encode({"run": record, "snapshot": snap,
-                                       "children": [c.runId for c in children]}).decode())
+            print(json.dumps(kernel.detail(args.run, at=args.at), ensure_ascii=False))
         else:
             from flowkernel.render import show_snapshot
 
-            show_snapshot(record, snap, sys.stdout)
+            record = kernel.store.get_run(args.run)
+            snap = kernel.snapshot(args.run, at=args.at)
+            children = kernel.runs(parent=args.run)
+            show_snapshot(record, snap, sys.stdout, kernel.summary(args.run))
             if snap.agentSessions:
                 print("\nagents   (flowkernel show RUN --messages | --tool-calls [--node-run NR])")
                 for node, session in snap.agentSessions.items():

@@ -30,6 +30,20 @@ class RunRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
     flowSource: str | None = None
     leaseOwner: str | None = None
     leaseExpiresAt: int | None = None
+    # The run's own model calls (its snapshot's ``usage`` and ``totalCostUsd``, kept on the row by
+    # each commit that changes them, so listing runs reads no events); child runs have their own.
+    usage: dict[str, int] = msgspec.field(default_factory=dict)
+    totalCostUsd: float = 0.0
+    idempotencyKey: str | None = None
+    # Handed out in commit order: the key of keyset pages of runs (newest first).
+    runNo: int | None = None
+
+
+class RunTotals(msgspec.Struct, frozen=True):
+    """What a commit writes to the run row when the run's usage or cost changed."""
+
+    usage: dict[str, int]
+    totalCostUsd: float
 
 
 class CommandRow(msgspec.Struct, kw_only=True):
@@ -56,17 +70,32 @@ class Store(Protocol):
         ...
     def get_run(self, run_id: str) -> RunRecord: ...
     def list_runs(self, status: str | None = None, parent: str | None = None, limit: int = 1000) -> list[RunRecord]: ...
+    def page_runs(self, *, status: str | None = None, flow: str | None = None, parent: str | None = None,
+                  before: int | None = None, limit: int = 50) -> list[RunRecord]:
+        """Runs newest first (by ``runNo``), those with ``runNo < before`` when given: keyset pages."""
+        ...
+    def find_idempotent(self, key: str) -> RunRecord | None:
+        """The run created with this idempotency key, if any."""
+        ...
+    def descendant_totals(self, run_ids: Sequence[str]) -> dict[str, RunTotals]:
+        """For each run that has child runs: the summed usage and cost of all its descendants."""
+        ...
 
     # the log
     def commit(self, run_id: str, events: Sequence[EventRow],
                status: str, seq: int, error: str | None, checkpoint: bytes | None,
-               blobs: Mapping[str, bytes] | None = None, release: str | None = None) -> None:
+               blobs: Mapping[str, bytes] | None = None, release: str | None = None, *,
+               totals: RunTotals | None = None) -> None:
         """Append events and set the run's status, in one transaction; ``release`` names a lease
-        holder whose lease ends with this commit (if it still holds it)."""
+        holder whose lease ends with this commit (if it still holds it); ``totals``: the run's usage
+        and cost changed."""
         ...
     def read_blobs(self, keys: Iterable[str]) -> dict[str, bytes]: ...
     def read_events(self, run_id: str, after: int = 0, until: int | None = None) -> list[bytes]: ...
     def read_checkpoint(self, run_id: str, at_most: int | None = None) -> tuple[int, bytes] | None: ...
+    def last_seqs(self, run_ids: Sequence[str]) -> dict[str, int]:
+        """The seq of each run's last committed event (runs that do not exist are left out)."""
+        ...
 
     # commands from other processes
     def enqueue_command(self, run_id: str, body: dict[str, Any]) -> int: ...
@@ -85,11 +114,12 @@ class Store(Protocol):
     # agent conversations (DESIGN §7)
     def add_agent_message(self, row: dict[str, Any]) -> int: ...
     def list_agent_messages(self, *, run_id: str | None = None, session_id: str | None = None,
-                            flow_run_id: str | None = None, after: int = 0, limit: int = 100) -> list[dict[str, Any]]: ...
+                            flow_run_id: str | None = None, after: int = 0, limit: int = 100,
+                            node_id: str | None = None) -> list[dict[str, Any]]: ...
     def add_tool_call(self, row: dict[str, Any]) -> int: ...
     def list_tool_calls(self, *, run_id: str | None = None, session_id: str | None = None,
                         flow_run_id: str | None = None, tool_name: str | None = None, status: str | None = None,
-                        after: int = 0, limit: int = 100) -> list[dict[str, Any]]: ...
+                        after: int = 0, limit: int = 100, node_id: str | None = None) -> list[dict[str, Any]]: ...
 
     def close(self) -> None: ...
 

@@ -8,8 +8,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from flowkernel.errors import StoreError, UnknownRunError
+from flowkernel.events import USAGE_KEYS
 from flowkernel.ids import now_ms
-from flowkernel.store.base import CommandRow, EventRow, RunRecord
+from flowkernel.store.base import CommandRow, EventRow, RunRecord, RunTotals
 from msgspec.structs import replace
 
 
@@ -23,6 +24,7 @@ class MemoryStore:
         self._checkpoints: dict[str, list[tuple[int, bytes]]] = {}
         self._commands: dict[int, tuple[CommandRow, int | None]] = {}
         self._ids = itertools.count(1)
+        self._run_nos = itertools.count(1)
         self._version = 0
         self._blobs: dict[str, bytes] = {}
         self._messages: list[dict[str, Any]] = []
@@ -44,8 +46,10 @@ class MemoryStore:
                 raise StoreError(f"run {record.runId} already exists")
             if document is not None:
                 self._flows.setdefault(record.flowHash, document)
+            if record.idempotencyKey is not None and self.find_idempotent(record.idempotencyKey) is not None:
+                raise StoreError(f"idempotency key {record.idempotencyKey!r} is taken")
             self._blobs.update(blobs or {})
-            self._runs[record.runId] = record
+            self._runs[record.runId] = replace(record, runNo=next(self._run_nos))
             self._events[record.runId] = [row[2] for row in events]
             self._checkpoints[record.runId] = [(record.seq, checkpoint)]
             self._version += 1
@@ -61,8 +65,38 @@ class MemoryStore:
                 if (status is None or r.status == status) and (parent is None or r.parentRunId == parent)]
         return sorted(runs, key=lambda r: (r.createdAt, r.runId), reverse=True)[:limit]
 
+    def page_runs(self, *, status: str | None = None, flow: str | None = None, parent: str | None = None,
+                  before: int | None = None, limit: int = 50) -> list[RunRecord]:
+        runs = [r for r in self._runs.values()
+                if (status is None or r.status == status) and (flow is None or r.flowName == flow)
+                and (parent is None or r.parentRunId == parent) and (before is None or (r.runNo or 0) < before)]
+        return sorted(runs, key=lambda r: r.runNo or 0, reverse=True)[:limit]
+
+    def find_idempotent(self, key: str) -> RunRecord | None:
+        return next((r for r in self._runs.values() if r.idempotencyKey == key), None)
+
+    def descendant_totals(self, run_ids: Sequence[str]) -> dict[str, RunTotals]:
+        children: dict[str, list[RunRecord]] = {}
+        for r in self._runs.values():
+            if r.parentRunId is not None:
+                children.setdefault(r.parentRunId, []).append(r)
+        out: dict[str, RunTotals] = {}
+        for root in run_ids:
+            todo, usage, cost = list(children.get(root, [])), dict.fromkeys(USAGE_KEYS, 0), 0.0
+            if not todo:
+                continue
+            while todo:
+                r = todo.pop()
+                todo.extend(children.get(r.runId, []))
+                for k in USAGE_KEYS:
+                    usage[k] += r.usage.get(k, 0)
+                cost += r.totalCostUsd
+            out[root] = RunTotals(usage=usage, totalCostUsd=cost)
+        return out
+
     def commit(self, run_id: str, events: Sequence[EventRow], status: str, seq: int, error: str | None,
-               checkpoint: bytes | None, blobs: Mapping[str, bytes] | None = None, release: str | None = None) -> None:
+               checkpoint: bytes | None, blobs: Mapping[str, bytes] | None = None, release: str | None = None, *,
+               totals: RunTotals | None = None) -> None:
         with self._lock:
             self._blobs.update(blobs or {})
             log = self._events[run_id]
@@ -70,6 +104,8 @@ class MemoryStore:
                 raise StoreError(f"run {run_id}: seq {events[0][0]} does not follow {len(log)}")
             log.extend(row[2] for row in events)
             rec = replace(self._runs[run_id], status=status, seq=seq, error=error, updatedAt=now_ms())
+            if totals is not None:
+                rec = replace(rec, usage=dict(totals.usage), totalCostUsd=totals.totalCostUsd)
             if release is not None and rec.leaseOwner == release:
                 rec = replace(rec, leaseOwner=None, leaseExpiresAt=None)
             self._runs[run_id] = rec
@@ -81,6 +117,9 @@ class MemoryStore:
         self.get_run(run_id)
         log = self._events[run_id]
         return log[after:until]
+
+    def last_seqs(self, run_ids: Sequence[str]) -> dict[str, int]:
+        return {r: len(self._events[r]) for r in run_ids if r in self._events}
 
     def read_blobs(self, keys: Iterable[str]) -> dict[str, bytes]:
         return {k: self._blobs[k] for k in keys if k in self._blobs}
@@ -130,11 +169,13 @@ class MemoryStore:
             return int(row["id"])
 
     def list_agent_messages(self, *, run_id: str | None = None, session_id: str | None = None,
-                            flow_run_id: str | None = None, after: int = 0, limit: int = 100) -> list[dict[str, Any]]:
+                            flow_run_id: str | None = None, after: int = 0, limit: int = 100,
+                            node_id: str | None = None) -> list[dict[str, Any]]:
         rows = [m for m in self._messages if m["id"] > after
                 and (run_id is None or m.get("runId") == run_id)
                 and (session_id is None or m.get("sessionId") == session_id)
-                and (flow_run_id is None or m.get("flowRunId") == flow_run_id)]
+                and (flow_run_id is None or m.get("flowRunId") == flow_run_id)
+                and (node_id is None or m.get("nodeId") == node_id)]
         return rows[:limit]
 
     def add_tool_call(self, row: dict[str, Any]) -> int:
@@ -145,13 +186,14 @@ class MemoryStore:
 
     def list_tool_calls(self, *, run_id: str | None = None, session_id: str | None = None,
                         flow_run_id: str | None = None, tool_name: str | None = None, status: str | None = None,
-                        after: int = 0, limit: int = 100) -> list[dict[str, Any]]:
+                        after: int = 0, limit: int = 100, node_id: str | None = None) -> list[dict[str, Any]]:
         rows = [t for t in self._tool_calls if t["id"] > after
                 and (run_id is None or t.get("runId") == run_id)
                 and (session_id is None or t.get("sessionId") == session_id)
                 and (flow_run_id is None or t.get("flowRunId") == flow_run_id)
                 and (tool_name is None or t.get("toolName") == tool_name)
-                and (status is None or t.get("status") == status)]
+                and (status is None or t.get("status") == status)
+                and (node_id is None or t.get("nodeId") == node_id)]
         return rows[:limit]
 
     def close(self) -> None:

@@ -17,16 +17,44 @@ from contextlib import AbstractContextManager
 from typing import Any, ClassVar
 
 from flowkernel.errors import StoreError, UnknownRunError
+from flowkernel.events import USAGE_KEYS
 from flowkernel.ids import now_ms
-from flowkernel.store.base import CommandRow, EventRow, RunRecord
+from flowkernel.store.base import CommandRow, EventRow, RunRecord, RunTotals
 
-SCHEMA_VERSION = 4  # 2: content-addressed checkpoint blobs; 3: events keyed by run number and seq;
-# 4: an event row is its key, its time and its body (the rest was in the body already)
+SCHEMA_VERSION = 5  # 2: content-addressed checkpoint blobs; 3: events keyed by run number and seq;
+# 4: an event row is its key, its time and its body (the rest was in the body already);
+# 5: a run's usage and cost, idempotency keys, agent runs, indexes for keyset pages
 
 # An event's key is ``run_no * RUN_SPAN + seq``: one integer key, so the log is a single b-tree that
 # grows at its right edge (no secondary index to keep balanced on every commit).
 RUN_SPAN = 2**32
 _EVENTS_PER_INSERT = 100  # rows per INSERT statement (300 parameters, far below either driver's limit)
+
+# Version 5: pages of runs are keyed by run number (handed out in commit order, so a run that
+# appears later is always newer than every run a client has seen), filtered by status, flow or parent;
+# agent runs (one row per node run of a ``claude.agent`` node, kept by the commits of its run).
+_AGENT_RUNS = """CREATE TABLE IF NOT EXISTS agent_runs (
+        id {id}, agent_run_id TEXT NOT NULL, flow_run_id TEXT NOT NULL, node_id TEXT NOT NULL,
+        parent_run_id TEXT, status TEXT NOT NULL, session_id TEXT, model TEXT, resumed_from TEXT,
+        item BIGINT, attempt INTEGER NOT NULL, step_count INTEGER NOT NULL DEFAULT 0, max_steps INTEGER,
+        input_tokens BIGINT NOT NULL DEFAULT 0, output_tokens BIGINT NOT NULL DEFAULT 0,
+        cache_creation_input_tokens BIGINT NOT NULL DEFAULT 0, cache_read_input_tokens BIGINT NOT NULL DEFAULT 0,
+        cost_usd DOUBLE PRECISION NOT NULL DEFAULT 0, created_at BIGINT NOT NULL, completed_at BIGINT,
+        duration_ms BIGINT, error_message TEXT, summary TEXT)"""
+_V5_INDEXES = [
+    "CREATE INDEX IF NOT EXISTS runs_status_no ON runs (status, run_no)",
+    "CREATE INDEX IF NOT EXISTS runs_flow_no ON runs (flow_name, run_no)",
+    "CREATE INDEX IF NOT EXISTS runs_parent_no ON runs (parent_run_id, run_no)",
+    "CREATE UNIQUE INDEX IF NOT EXISTS runs_idempotency ON runs (idempotency_key)",
+    _AGENT_RUNS,
+    "CREATE UNIQUE INDEX IF NOT EXISTS agent_runs_key ON agent_runs (agent_run_id)",
+    "CREATE INDEX IF NOT EXISTS agent_runs_run ON agent_runs (flow_run_id, id)",
+    "CREATE INDEX IF NOT EXISTS agent_runs_status ON agent_runs (status, id)",
+    "CREATE INDEX IF NOT EXISTS agent_runs_node ON agent_runs (node_id, id)",
+    "CREATE INDEX IF NOT EXISTS agent_runs_parent ON agent_runs (parent_run_id, id)",
+    "CREATE INDEX IF NOT EXISTS agent_messages_flow_run ON agent_messages (flow_run_id, id)",
+    "CREATE INDEX IF NOT EXISTS agent_tool_calls_flow_run ON agent_tool_calls (flow_run_id, id)",
+]
 
 # The tables, column for column, in both dialects: ``{id}`` is an auto-increment primary key,
 # ``{key}`` an integer primary key (the rowid itself in SQLite) and ``{body}`` the type of a stored
@@ -39,7 +67,9 @@ SCHEMA_TEMPLATE = [
         status TEXT NOT NULL, seq BIGINT NOT NULL, input TEXT NOT NULL, error TEXT,
         parent_run_id TEXT, parent_node_run_id TEXT, forked_from TEXT, forked_at BIGINT,
         created_at BIGINT NOT NULL, updated_at BIGINT NOT NULL, lease_owner TEXT, lease_expires_at BIGINT,
-        run_no BIGINT)""",
+        run_no BIGINT, input_tokens BIGINT NOT NULL DEFAULT 0, output_tokens BIGINT NOT NULL DEFAULT 0,
+        cache_creation_input_tokens BIGINT NOT NULL DEFAULT 0, cache_read_input_tokens BIGINT NOT NULL DEFAULT 0,
+        cost_usd DOUBLE PRECISION NOT NULL DEFAULT 0, idempotency_key TEXT)""",
     "CREATE UNIQUE INDEX IF NOT EXISTS runs_run_no ON runs (run_no)",
     "CREATE INDEX IF NOT EXISTS runs_status ON runs (status, created_at)",
     "CREATE INDEX IF NOT EXISTS runs_parent ON runs (parent_run_id)",
@@ -63,6 +93,7 @@ SCHEMA_TEMPLATE = [
         tool_use_id TEXT NOT NULL, input TEXT, output TEXT, status TEXT NOT NULL, duration_ms BIGINT,
         step INTEGER NOT NULL, created_at BIGINT NOT NULL)""",
     "CREATE INDEX IF NOT EXISTS agent_tool_calls_run ON agent_tool_calls (run_id, id)",
+    *_V5_INDEXES,
 ]
 
 
@@ -100,18 +131,29 @@ def migrations(*, key: str, body: str) -> dict[int, list[str]]:
             "DROP TABLE events",
             "ALTER TABLE events_v4 RENAME TO events",
         ],
+        # Runs stored before version 5 have no agent:usage events: their totals are zero, as a replay
+        # of their events gives; SCHEMA then creates agent_runs and the new indexes.
+        4: [
+            *(f"ALTER TABLE runs ADD COLUMN {col} BIGINT NOT NULL DEFAULT 0" for col in _USAGE_COLUMNS[:4]),
+            "ALTER TABLE runs ADD COLUMN cost_usd DOUBLE PRECISION NOT NULL DEFAULT 0",
+            "ALTER TABLE runs ADD COLUMN idempotency_key TEXT",
+        ],
     }
 
 
+_USAGE_COLUMNS = ("input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens",
+                  "cost_usd")
 _RUN_COLUMNS = ("run_id, flow_name, flow_hash, status, seq, input, created_at, updated_at, error, parent_run_id, "
-                "parent_node_run_id, forked_from, forked_at, flow_source, lease_owner, lease_expires_at")
+                "parent_node_run_id, forked_from, forked_at, flow_source, lease_owner, lease_expires_at, idempotency_key, "
+                f"{', '.join(_USAGE_COLUMNS)}")
 # The run row is rewritten only when the status changes; the latest seq and time come from the log.
 _LAST_EVENT = (f"FROM events e WHERE e.id BETWEEN runs.run_no * {RUN_SPAN} AND runs.run_no * {RUN_SPAN} + "
                f"{RUN_SPAN - 1} ORDER BY e.id DESC LIMIT 1")
 _RUN_SELECT = (
     f"run_id, flow_name, flow_hash, status, (SELECT e.id - runs.run_no * {RUN_SPAN} {_LAST_EVENT}), input, created_at, "
     f"(SELECT e.ts {_LAST_EVENT}), error, "
-    "parent_run_id, parent_node_run_id, forked_from, forked_at, flow_source, lease_owner, lease_expires_at")
+    "parent_run_id, parent_node_run_id, forked_from, forked_at, flow_source, lease_owner, lease_expires_at, "
+    f"idempotency_key, run_no, {', '.join(_USAGE_COLUMNS)}")
 _MESSAGE_COLUMNS = "id, flow_run_id, run_id, node_id, session_id, role, content, step, created_at"
 _TOOL_CALL_COLUMNS = ("id, flow_run_id, run_id, node_id, session_id, message_id, tool_name, tool_use_id, input, "
                       "output, status, duration_ms, step, created_at")
@@ -121,7 +163,12 @@ def _record(row: Sequence[Any]) -> RunRecord:
     return RunRecord(runId=row[0], flowName=row[1], flowHash=row[2], status=row[3], seq=row[4],
                      input=json.loads(row[5]), createdAt=row[6], updatedAt=row[7], error=row[8],
                      parentRunId=row[9], parentNodeRunId=row[10], forkedFrom=row[11], forkedAt=row[12],
-                     flowSource=row[13], leaseOwner=row[14], leaseExpiresAt=row[15])
+                     flowSource=row[13], leaseOwner=row[14], leaseExpiresAt=row[15], idempotencyKey=row[16],
+                     runNo=row[17], usage=_usage(row[18:22]), totalCostUsd=float(row[22]))
+
+
+def _usage(values: Sequence[Any]) -> dict[str, int]:
+    return {k: int(v) for k, v in zip(USAGE_KEYS, values, strict=True)} if any(values) else {}
 
 
 def _message(r: Sequence[Any]) -> dict[str, Any]:
@@ -152,7 +199,9 @@ class SqlStore(ABC):
     _sql_insert_flow: ClassVar[str] = ("INSERT INTO flows (hash, name, document, created_at) VALUES (?, ?, ?, ?) "
                                        "ON CONFLICT (hash) DO NOTHING")
     _sql_get_flow: ClassVar[str] = "SELECT document FROM flows WHERE hash = ?"
-    _sql_insert_run: ClassVar[str] = f"INSERT INTO runs ({_RUN_COLUMNS}) VALUES ({', '.join('?' * 16)})"
+    _sql_insert_run: ClassVar[str] = f"INSERT INTO runs ({_RUN_COLUMNS}) VALUES ({', '.join('?' * 22)})"
+    _sql_set_totals: ClassVar[str] = (f"UPDATE runs SET {' = ?, '.join(_USAGE_COLUMNS)} = ? WHERE run_id = ?")
+    _sql_find_idempotent: ClassVar[str] = f"SELECT {_RUN_SELECT} FROM runs WHERE idempotency_key = ?"
     _sql_get_run: ClassVar[str] = f"SELECT {_RUN_SELECT} FROM runs WHERE run_id = ?"
     # One checkpoint per run, replaced in place: compaction rewrites one row, not a row and its index.
     _sql_put_checkpoint: ClassVar[str] = ("INSERT INTO checkpoints (run_id, seq, body) VALUES (?, ?, ?) "
@@ -259,7 +308,8 @@ class SqlStore(ABC):
                 (record.runId, record.flowName, record.flowHash, record.status, record.seq,
                  json.dumps(record.input), record.createdAt, record.updatedAt, record.error,
                  record.parentRunId, record.parentNodeRunId, record.forkedFrom, record.forkedAt,
-                 record.flowSource, record.leaseOwner, record.leaseExpiresAt))
+                 record.flowSource, record.leaseOwner, record.leaseExpiresAt, record.idempotencyKey,
+                 *(record.usage.get(k, 0) for k in USAGE_KEYS), record.totalCostUsd))
             self._lock_run_numbers(db)
             run_no = int(db.execute(self._sql_next_run_no).fetchone()[0])
             db.execute(self._sql_set_run_no, (run_no, record.runId))
@@ -333,13 +383,51 @@ class SqlStore(ABC):
         params.append(limit)
         return [_record(r) for r in self._query(sql, params)]
 
+    def page_runs(self, *, status: str | None = None, flow: str | None = None, parent: str | None = None,
+                  before: int | None = None, limit: int = 50) -> list[RunRecord]:
+        p = self.param
+        sql = f"SELECT {_RUN_SELECT} FROM runs WHERE run_no IS NOT NULL"
+        params: list[Any] = []
+        for cond, val in (("status =", status), ("flow_name =", flow), ("parent_run_id =", parent),
+                          ("run_no <", before)):
+            if val is not None:
+                sql += f" AND {cond} {p}"
+                params.append(val)
+        sql += f" ORDER BY run_no DESC LIMIT {p}"
+        params.append(limit)
+        return [_record(r) for r in self._query(sql, params)]
+
+    def find_idempotent(self, key: str) -> RunRecord | None:
+        rows = self._query(self._sql_find_idempotent, (key,))
+        return _record(rows[0]) if rows else None
+
+    def descendant_totals(self, run_ids: Sequence[str]) -> dict[str, RunTotals]:
+        if not run_ids:
+            return {}
+        marks = ", ".join([self.param] * len(run_ids))
+        sums = ", ".join(f"SUM(r.{c})" for c in _USAGE_COLUMNS)
+        # Every descendant of each root, walked down parent_run_id (indexed), then summed per root.
+        sql = (f"WITH RECURSIVE tree (root, run_id) AS ("
+               f"SELECT c.parent_run_id, c.run_id FROM runs c WHERE c.parent_run_id IN ({marks}) "
+               f"UNION ALL SELECT t.root, c.run_id FROM runs c JOIN tree t ON c.parent_run_id = t.run_id) "
+               f"SELECT t.root, {sums} FROM tree t JOIN runs r ON r.run_id = t.run_id GROUP BY t.root")
+        out: dict[str, RunTotals] = {}
+        for row in self._query(sql, list(run_ids)):
+            out[row[0]] = RunTotals(usage={k: int(v or 0) for k, v in zip(USAGE_KEYS, row[1:5], strict=True)},
+                                    totalCostUsd=float(row[5] or 0.0))
+        return out
+
     # -- the log ----------------------------------------------------------------------------
 
     def commit(self, run_id: str, events: Sequence[EventRow], status: str, seq: int, error: str | None,
-               checkpoint: bytes | None, blobs: Mapping[str, bytes] | None = None, release: str | None = None) -> None:
+               checkpoint: bytes | None, blobs: Mapping[str, bytes] | None = None, release: str | None = None, *,
+               totals: RunTotals | None = None) -> None:
         try:
             with self._tx(self._OUT_OF_ORDER, run_id) as db:
                 self._insert_events(db, run_id, events)
+                if totals is not None:
+                    db.execute(self._sql_set_totals, (*(totals.usage.get(k, 0) for k in USAGE_KEYS),
+                                                      totals.totalCostUsd, run_id))
                 if release is not None:
                     db.execute(self._sql_update_status_release, (status, seq, error, now_ms(), release, release, run_id))
                 elif self._known_status.get(run_id) != (status, error):
@@ -358,6 +446,14 @@ class SqlStore(ABC):
         rows = self._query(self._sql_read_events, (base + after, base + last))
         dec = self._dec
         return [dec(r[0]) for r in rows]
+
+    def last_seqs(self, run_ids: Sequence[str]) -> dict[str, int]:
+        if not run_ids:
+            return {}
+        marks = ", ".join([self.param] * len(run_ids))
+        rows = self._query(f"SELECT run_id, (SELECT e.id - runs.run_no * {RUN_SPAN} {_LAST_EVENT}) FROM runs "
+                           f"WHERE run_id IN ({marks})", list(run_ids))
+        return {r[0]: int(r[1] or 0) for r in rows}
 
     def read_checkpoint(self, run_id: str, at_most: int | None = None) -> tuple[int, bytes] | None:
         rows = self._query(self._sql_read_checkpoint, (run_id, at_most if at_most is not None else 2**62))
@@ -411,9 +507,11 @@ class SqlStore(ABC):
             return int(got[0]) if got else 0
 
     def list_agent_messages(self, *, run_id: str | None = None, session_id: str | None = None,
-                            flow_run_id: str | None = None, after: int = 0, limit: int = 100) -> list[dict[str, Any]]:
+                            flow_run_id: str | None = None, after: int = 0, limit: int = 100,
+                            node_id: str | None = None) -> list[dict[str, Any]]:
         sql, params = self._filtered(f"SELECT {_MESSAGE_COLUMNS} FROM agent_messages", after, limit,
-                                     (("run_id", run_id), ("session_id", session_id), ("flow_run_id", flow_run_id)))
+                                     (("run_id", run_id), ("session_id", session_id), ("flow_run_id", flow_run_id),
+                                      ("node_id", node_id)))
         return [_message(r) for r in self._query(sql, params)]
 
     def add_tool_call(self, row: dict[str, Any]) -> int:
@@ -427,10 +525,10 @@ class SqlStore(ABC):
 
     def list_tool_calls(self, *, run_id: str | None = None, session_id: str | None = None,
                         flow_run_id: str | None = None, tool_name: str | None = None, status: str | None = None,
-                        after: int = 0, limit: int = 100) -> list[dict[str, Any]]:
+                        after: int = 0, limit: int = 100, node_id: str | None = None) -> list[dict[str, Any]]:
         sql, params = self._filtered(f"SELECT {_TOOL_CALL_COLUMNS} FROM agent_tool_calls", after, limit,
                                      (("run_id", run_id), ("session_id", session_id), ("flow_run_id", flow_run_id),
-                                      ("tool_name", tool_name), ("status", status)))
+                                      ("tool_name", tool_name), ("status", status), ("node_id", node_id)))
         return [_tool_call(r) for r in self._query(sql, params)]
 
     def _filtered(self, select: str, after: int, limit: int,

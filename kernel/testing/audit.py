@@ -41,6 +41,15 @@ def audit_run(store: Store, run_id: str) -> None:
     if rebuilt != stored:
         raise AssertionError(f"run {run_id}: replaying {len(events)} events does not reproduce the stored "
                              f"snapshot at seq {cp_seq}:\n{_diff(rebuilt, stored)}")
+    # The run row's usage and cost are the fold of the whole log, kept by every commit that moves them.
+    whole = fold(flow, [decode(b) for b in store.read_events(run_id, after=cp_seq)], rebuilt)
+    if _nonzero(record.usage) != _nonzero(whole.usage) or record.totalCostUsd != whole.totalCostUsd:
+        raise AssertionError(f"run {run_id}: the run row says usage {record.usage} costing "
+                             f"{record.totalCostUsd}, its events add up to {whole.usage} costing {whole.totalCostUsd}")
+
+
+def _nonzero(usage: dict[str, int]) -> dict[str, int]:
+    return {k: v for k, v in usage.items() if v}
 
 
 def audit_store(store: Store) -> int:

@@ -29,7 +29,7 @@ import anyio
 import jsonschema
 from flowkernel.context import NodeContext
 from flowkernel.errors import NodeFailure, Problem
-from flowkernel.events import AgentComplete, AgentError, AgentStart, AgentTool
+from flowkernel.events import USAGE_KEYS, AgentComplete, AgentError, AgentStart, AgentTool, AgentUsage
 from flowkernel.node import INTERRUPTED, Interrupted, WaitFor
 from flowkernel.nodes.claude.config import AgentConfig, build_request, check_input, parse_config
 from flowkernel.nodes.claude.pricing import Price, cost_usd, find_price, price_table
@@ -37,7 +37,6 @@ from flowkernel.nodes.claude.transcript import Transcript, session_of_run
 from flowkernel.query import ModelMessage, QueryFn
 from flowkernel.tools import ASK_HUMAN, Tool, as_tool, result_text, truncate
 
-USAGE_KEYS = ("inputTokens", "outputTokens", "cacheCreationInputTokens", "cacheReadInputTokens")
 FINAL_STOPS = frozenset({"end_turn", "stop_sequence", "max_tokens", "refusal", None})
 
 
@@ -50,7 +49,8 @@ class _Tally:
     by_model: dict[str, dict[str, Any]] = field(default_factory=dict)
     cost: float = 0.0
 
-    def add(self, model: str, usage: dict[str, int]) -> None:
+    def add(self, model: str, usage: dict[str, int]) -> float:
+        """Count one call; returns what it cost."""
         entry = self.by_model.setdefault(model, {**dict.fromkeys(USAGE_KEYS, 0), "costUSD": 0.0})
         price = find_price(model, self.prices)
         call_cost = cost_usd(usage, price)
@@ -60,6 +60,7 @@ class _Tally:
         entry["costUSD"] += call_cost
         entry["priced"] = price is not None
         self.cost += call_cost
+        return call_cost
 
 
 def _text_of(content: Any) -> str:
@@ -212,9 +213,13 @@ class _Execution:
             last = answer
             transcript.steps = step
             self.turns += 1
-            self.tally.add(last.get("model") or cfg.model, last.get("usage") or {})
+            model, usage = last.get("model") or cfg.model, last.get("usage") or {}
+            call_cost = self.tally.add(model, usage)
             content = last.get("content") or []
             message_id = transcript.add("assistant", content, step)
+            # The run's cost moves with every call, not only when the agent finishes.
+            ctx.emit(AgentUsage(model=model, usage={k: int(usage.get(k, 0)) for k in USAGE_KEYS},
+                                costUsd=round(call_cost, 10)))
             stop = last.get("stopReason")
             if stop == "tool_use":
                 await self._run_tools(transcript, content, message_id, step)
