@@ -38,6 +38,7 @@ class CommandOutcome:
     accepted: bool
     record: CommandReceived
     reason: str | None = None
+    invalid: bool = False  # refused because the command itself is wrong, not because of the run's state
 
 
 def live_node_runs(snap: RunSnapshot) -> dict[str, str]:
@@ -55,9 +56,10 @@ def live_node_runs(snap: RunSnapshot) -> dict[str, str]:
     return live
 
 
-def _reject(cmd: Command, reason: str) -> CommandOutcome:
-    return CommandOutcome(False, CommandReceived(command=cmd.kind, accepted=False, reason=reason,
-                                                 target=cmd.target, content=cmd.content), reason)
+def _reject(cmd: Command, reason: str, *, invalid: bool = False) -> CommandOutcome:
+    record = CommandReceived(command=cmd.kind, accepted=False, reason=reason, target=cmd.target, content=cmd.content,
+                             refusal="invalid" if invalid else "conflict")
+    return CommandOutcome(False, record, reason, invalid)
 
 
 def _accept(cmd: Command, content: Any = None) -> CommandOutcome:
@@ -68,12 +70,12 @@ def _accept(cmd: Command, content: Any = None) -> CommandOutcome:
 def judge_command(flow: CompiledFlow, snap: RunSnapshot, cmd: Command, *, executing: bool) -> CommandOutcome:
     """Accept or refuse ``cmd`` for the run in ``snap``. ``executing``: a live executor holds the run."""
     if cmd.kind not in KINDS:
-        return _reject(cmd, f"unknown command {cmd.kind!r}; use one of {', '.join(KINDS)}")
+        return _reject(cmd, f"unknown command {cmd.kind!r}; use one of {', '.join(KINDS)}", invalid=True)
     status = snap.status
     if cmd.kind in ("send", "reply"):
         if not cmd.target:
             return _reject(cmd, f"{cmd.kind} needs the node runId it is for (--to NODE_RUN_ID); "
-                                f"`flowkernel show {snap.runId}` lists the live node runs")
+                                f"`flowkernel show {snap.runId}` lists the live node runs", invalid=True)
         if status in ("completed", "aborted"):
             return _reject(cmd, f"run {snap.runId} is {status}")
         live = live_node_runs(snap)
@@ -81,7 +83,7 @@ def judge_command(flow: CompiledFlow, snap: RunSnapshot, cmd: Command, *, execut
         if node is None:
             if cmd.target in snap.nodeRuns.values():
                 return _reject(cmd, f"node run {cmd.target} of run {snap.runId} has finished")
-            return _reject(cmd, f"{cmd.target} is not a live node run of run {snap.runId}")
+            return _reject(cmd, f"{cmd.target} is not a live node run of run {snap.runId}", invalid=True)
         if cmd.kind == "reply":
             waiting = snap.waiting.get(node)
             if waiting is None or waiting.runId != cmd.target:
@@ -95,7 +97,8 @@ def judge_command(flow: CompiledFlow, snap: RunSnapshot, cmd: Command, *, execut
                     jsonschema.validate(content, waiting.schema)
                 except jsonschema.ValidationError as exc:
                     where = "/".join(str(p) for p in exc.absolute_path) or "the reply"
-                    return _reject(cmd, f"reply does not match the schema of {node}: {where}: {exc.message}")
+                    return _reject(cmd, f"reply does not match the schema of {node}: {where}: {exc.message}",
+                                   invalid=True)
             return _accept(cmd, content)
         return _accept(cmd)
     if cmd.kind == "pause":

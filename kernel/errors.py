@@ -48,7 +48,12 @@ class FlowFileError(InvalidInputError):
 
 
 class RunInputError(InvalidInputError):
-    """The run input does not satisfy the flow's ``inputs`` schema."""
+    """The run input does not satisfy the flow's ``inputs`` schema; ``problems`` lists (path, message)
+    pairs, paths starting at ``input``."""
+
+    def __init__(self, message: str, problems: list[tuple[str, str]] | None = None) -> None:
+        super().__init__(message)
+        self.problems = problems or []
 
 
 class UnknownRunError(InvalidInputError):
@@ -60,7 +65,15 @@ class UnknownRunError(InvalidInputError):
 
 
 class CommandRejectedError(InvalidInputError):
-    """A command was refused (and recorded as ``command:received`` with ``accepted: false``)."""
+    """A command was refused (and recorded as ``command:received`` with ``accepted: false``).
+
+    ``invalid``: the command itself is wrong (no node run named, a node run of another run, a reply
+    that does not match its schema), rather than refused by the run's state.
+    """
+
+    def __init__(self, message: str, *, invalid: bool = False) -> None:
+        super().__init__(message)
+        self.invalid = invalid
 
 
 class RunBusyError(FlowkernelError):

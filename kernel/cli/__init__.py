@@ -12,12 +12,12 @@ import os
 import sys
 from typing import Any
 
-from flowkernel.cli import control, examples, flows, inspect, record, timetravel
+from flowkernel.cli import control, examples, flows, inspect, record, serve, timetravel
 from flowkernel.cli.session import EXIT_FAILED, EXIT_INVALID, EXIT_OK, EXIT_STOPPED
 
 __all__ = ["EXIT_FAILED", "EXIT_INVALID", "EXIT_OK", "EXIT_STOPPED", "main"]
 
-GROUPS = (flows, inspect, control, timetravel, record, examples)
+GROUPS = (flows, inspect, control, timetravel, record, examples, serve)
 
 
 class _Version(argparse.Action):

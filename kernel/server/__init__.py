@@ -1,0 +1,13 @@
+"""The HTTP API of flowkernel (DESIGN §10): a thin FastAPI face over ``flowkernel.api.Kernel``.
+
+One module per job: ``app`` builds the application, ``problems`` turns errors into RFC 9457
+responses, ``auth`` checks the bearer token, ``limits`` caps request bodies, ``pagination`` makes
+opaque keyset cursors, ``views`` holds the response models (the OpenAPI document), ``runs``,
+``agents`` and ``flows`` are the routes, ``feed`` and ``stream`` serve events as they are committed.
+"""
+
+from __future__ import annotations
+
+from flowkernel.server.app import ServerConfig, create_app
+
+__all__ = ["ServerConfig", "create_app"]

@@ -1,0 +1,104 @@
+"""The FastAPI application: ``create_app(kernel, config)``.
+
+The routes are a face over ``flowkernel.api.Kernel``: what they may read and do is what the CLI
+may, through the same calls, so a command refused here is refused with the CLI's reason. The
+kernel given here serves requests only; runs are executed by workers, each with its own kernel,
+so commands reach them through the store exactly as from another process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+import anyio
+from fastapi import APIRouter, Depends, FastAPI
+from fastapi.middleware.cors import CORSMiddleware
+from flowkernel.api import Kernel
+from flowkernel.catalog import FlowCatalog
+from flowkernel.server import agents, flows, problems, runs, stream
+from flowkernel.server.auth import token_check
+from flowkernel.server.feed import Feed
+from flowkernel.server.limits import MAX_BODY_BYTES, BodyLimit
+from flowkernel.server.views import Health, Problem
+
+PREFIX = "/api/v1"
+
+
+@dataclass
+class ServerConfig:
+    """How ``flowkernel serve`` was asked to behave."""
+
+    token: str | None = None  # FLOWKERNEL_API_TOKEN
+    flows: list[Path] = field(default_factory=list)  # --flows folders
+    cors_origins: list[str] = field(default_factory=list)  # --cors-origin; none: CORS off
+    max_body_bytes: int = MAX_BODY_BYTES
+    keepalive_s: float = 15.0  # SSE comment lines while a run is quiet
+    poll_s: float | None = None  # how often the feed looks for commits (None: by store kind)
+
+
+def store_kind(kernel: Kernel) -> str:
+    location = kernel.store.location
+    if location == "memory":
+        return "memory"
+    return "postgresql" if type(kernel.store).__name__ == "PostgresStore" else "sqlite"
+
+
+def flowkernel_version() -> str:
+    try:
+        return version("flowkernel")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
+def create_app(kernel: Kernel, config: ServerConfig | None = None, *, feed_store: Any = None) -> FastAPI:
+    """The API over ``kernel`` (requests only). ``feed_store``: a second connection to the same store
+    for the event feed (a SQLite connection sees others' commits, not its own); default: ``kernel``'s."""
+    config = config or ServerConfig()
+    kind = store_kind(kernel)
+    feed = Feed(feed_store or kernel.store, poll_s=config.poll_s or (0.02 if kind == "sqlite" else 0.05),
+                token_covers_events=kind == "sqlite")
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(feed.watch)
+            yield
+            tg.cancel_scope.cancel()
+
+    app = FastAPI(title="flowkernel", version=flowkernel_version(), openapi_url=f"{PREFIX}/openapi.json",
+                  docs_url=f"{PREFIX}/docs", redoc_url=None, lifespan=lifespan,
+                  description="Runs of JSON agent workflows: start, inspect, command and follow them. "
+                              "Errors are application/problem+json (RFC 9457).",
+                  responses={400: {"model": Problem}, 401: {"model": Problem}, 404: {"model": Problem},
+                             413: {"model": Problem}, 422: {"model": Problem}, 500: {"model": Problem}})
+    app.state.kernel = kernel
+    app.state.config = config
+    app.state.feed = feed
+    app.state.catalog = FlowCatalog(config.flows, kernel.registry.node_types)
+    problems.install(app)
+
+    @app.get(f"{PREFIX}/health", response_model=Health, tags=["server"])
+    def health() -> dict[str, Any]:
+        """Liveness, the flowkernel version and the store kind; needs no token."""
+        return {"status": "ok", "version": flowkernel_version(), "store": kind}
+
+    guarded = APIRouter(prefix=PREFIX, dependencies=[Depends(token_check(config.token))])
+    guarded.include_router(runs.router)
+    guarded.include_router(stream.router)
+    guarded.include_router(agents.router)
+    guarded.include_router(flows.router)
+    app.include_router(guarded)
+
+    # Outermost first: the body limit applies before anything reads a body.
+    if config.cors_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=config.cors_origins, allow_credentials=False,
+                           allow_methods=["GET", "POST"], allow_headers=["Authorization", "Content-Type",
+                                                                         "Last-Event-ID"],
+                           expose_headers=["Location"])
+    app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
+    return app

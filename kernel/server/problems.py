@@ -1,0 +1,129 @@
+"""Errors as ``application/problem+json`` (RFC 9457): ``{type, title, status, detail, errors?}``.
+
+Every error a route can meet becomes one of these, with the JSON path of each problem in the
+request where there is one; nothing else reaches the client, never a stack trace.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from flowkernel.errors import (
+    CommandRejectedError,
+    FlowkernelError,
+    FlowValidationError,
+    InvalidInputError,
+    RunBusyError,
+    RunInputError,
+    StoreError,
+    UnknownRunError,
+)
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+MEDIA_TYPE = "application/problem+json"
+log = logging.getLogger("flowkernel.server")
+
+_TITLES = {400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 405: "Method Not Allowed",
+           409: "Conflict", 413: "Content Too Large", 415: "Unsupported Media Type", 422: "Unprocessable Content",
+           500: "Internal Server Error", 503: "Service Unavailable"}
+
+
+class ApiProblem(Exception):
+    """Raised by routes for an error the client can act on."""
+
+    def __init__(self, status: int, detail: str, *, errors: Sequence[tuple[str, str]] = (),
+                 kind: str | None = None, headers: dict[str, str] | None = None) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.detail = detail
+        self.errors = list(errors)
+        self.kind = kind
+        self.headers = headers
+
+
+def problem(status: int, detail: str, *, errors: Sequence[tuple[str, str]] = (), kind: str | None = None,
+            headers: dict[str, str] | None = None) -> JSONResponse:
+    title = _TITLES.get(status, "Error")
+    body: dict[str, Any] = {"type": f"https://flowkernel.dev/problems/{kind or title.lower().replace(' ', '-')}",
+                            "title": title, "status": status, "detail": detail}
+    if errors:
+        body["errors"] = [{"path": path, "message": message} for path, message in errors]
+    return JSONResponse(body, status_code=status, media_type=MEDIA_TYPE, headers=headers)
+
+
+def body_path(loc: Sequence[Any]) -> str:
+    """``('body', 'input', 0, 'name')`` -> ``$.input[0].name``: a JSON path into the request body."""
+    out = "$"
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else f".{part}"
+    return out
+
+
+def _from_flowkernel(exc: FlowkernelError) -> JSONResponse:
+    if isinstance(exc, UnknownRunError):
+        return problem(404, str(exc), kind="unknown-run")
+    if isinstance(exc, FlowValidationError):
+        return problem(422, f"the flow has {len(exc.problems)} problem{'s' if len(exc.problems) != 1 else ''}",
+                       errors=[(p.path, p.message) for p in exc.problems], kind="invalid-flow")
+    if isinstance(exc, RunInputError):
+        return problem(422, str(exc), errors=[("$.input" + path.removeprefix("input"), message)
+                                              for path, message in exc.problems], kind="invalid-input")
+    if isinstance(exc, CommandRejectedError):
+        status = 422 if exc.invalid else 409
+        return problem(status, str(exc), kind="command-refused")
+    if isinstance(exc, RunBusyError):
+        return problem(409, str(exc), kind="run-busy")
+    if isinstance(exc, StoreError):
+        log.error("store error: %s", exc)
+        return problem(503, f"the store cannot serve this request: {exc}", kind="store-unavailable")
+    if isinstance(exc, InvalidInputError):
+        return problem(422, str(exc), kind="invalid-request")
+    log.error("flowkernel error in a request: %s", exc)
+    return problem(500, "the server could not complete this request; its log says why", kind="internal")
+
+
+def install(app: FastAPI) -> None:
+    """Route every error through ``problem``."""
+
+    @app.exception_handler(ApiProblem)
+    async def _api(request: Request, exc: ApiProblem) -> JSONResponse:
+        return problem(exc.status, exc.detail, errors=exc.errors, kind=exc.kind, headers=exc.headers)
+
+    @app.exception_handler(FlowkernelError)
+    async def _flowkernel(request: Request, exc: FlowkernelError) -> JSONResponse:
+        return _from_flowkernel(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = list(exc.errors())
+        if any(e.get("type") == "json_invalid" for e in errors):
+            where = next(e for e in errors if e.get("type") == "json_invalid")
+            reason = (where.get("ctx") or {}).get("error", "not valid JSON")
+            return problem(400, f"the request body is not valid JSON: {reason}", errors=[("$", str(reason))],
+                           kind="malformed-body")
+        body = [e for e in errors if e.get("loc", ("",))[0] == "body"]
+        if body:
+            return problem(422, "the request body does not have the expected shape",
+                           errors=[(body_path(tuple(e["loc"])[1:]), str(e["msg"])) for e in body],
+                           kind="invalid-body")
+        # Query, path and header parameters: a malformed request, named by the parameter.
+        return problem(400, "; ".join(f"{e['loc'][-1]}: {e['msg']}" for e in errors),
+                       errors=[(str(e["loc"][-1]), str(e["msg"])) for e in errors], kind="invalid-parameter")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        detail = exc.detail if isinstance(exc.detail, str) else _TITLES.get(exc.status_code, "error")
+        if exc.status_code == 404 and detail == "Not Found":
+            detail = f"no such endpoint: {request.method} {request.url.path}"
+        return problem(exc.status_code, detail, headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        # The traceback goes to the server's log, never to the client.
+        log.exception("unexpected error in %s %s", request.method, request.url.path)
+        return problem(500, "the server could not complete this request; its log says why", kind="internal")

@@ -1,0 +1,119 @@
+"""``/runs``: list, detail, events, and the commands of DESIGN §6."""
+
+from __future__ import annotations
+
+import typing
+from typing import Annotated, Any
+
+import anyio
+import anyio.to_thread
+import msgspec
+from fastapi import APIRouter, Query, Request, Response
+from flowkernel.api import Kernel
+from flowkernel.commands import Command
+from flowkernel.events import Event
+from flowkernel.server.pagination import DEFAULT_LIMIT, MAX_LIMIT, decode_cursor, encode_cursor
+from flowkernel.server.problems import ApiProblem
+from flowkernel.server.views import Abort, Accepted, Page, Pause, Reply, Resume, RunDetail, RunSummary, Send
+from flowkernel.server.views import Event as EventView
+
+router = APIRouter(tags=["runs"])
+
+STATUSES = ("queued", "running", "paused", "waiting", "completed", "failed", "aborted")
+EVENT_TYPES = frozenset(str(t.__struct_config__.tag) for t in typing.get_args(Event))
+Limit = Annotated[int, Query(ge=1, le=MAX_LIMIT, description=f"items per page (at most {MAX_LIMIT})")]
+Cursor = Annotated[str | None, Query(description="the nextCursor of the previous page")]
+_encode = msgspec.json.Encoder().encode
+
+
+def kernel_of(request: Request) -> Kernel:
+    kernel: Kernel = request.app.state.kernel
+    return kernel
+
+
+def json_response(value: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(_encode(value), status_code=status, media_type="application/json", headers=headers)
+
+
+def _page_body(items: list[bytes], cursor: str | None) -> bytes:
+    """A page whose items are already JSON (stored events): spliced, not decoded and encoded again."""
+    return b'{"items":[' + b",".join(items) + b'],"nextCursor":' + _encode(cursor) + b"}"
+
+
+@router.get("/runs", response_model=Page[RunSummary], summary="List runs, newest first")
+def list_runs(request: Request, status: Annotated[str | None, Query(description=", ".join(STATUSES))] = None,
+              flow: str | None = None, parentRunId: str | None = None, limit: Limit = DEFAULT_LIMIT,
+              cursor: Cursor = None) -> Response:
+    if status is not None and status not in STATUSES:
+        raise ApiProblem(400, f"status: {status!r} is not a run status; use one of {', '.join(STATUSES)}",
+                         errors=[("status", "unknown status")], kind="invalid-parameter")
+    items, last = kernel_of(request).run_page(status=status, flow=flow, parent=parentRunId,
+                                              before=decode_cursor("runs", cursor), limit=limit)
+    return json_response({"items": items, "nextCursor": encode_cursor("runs", last)})
+
+
+@router.get("/runs/{runId}", response_model=RunDetail, summary="A run: summary, snapshot and child runs")
+def get_run(request: Request, runId: str,
+            at: Annotated[int | None, Query(ge=1, description="the snapshot right after event SEQ")] = None
+            ) -> Response:
+    kernel = kernel_of(request)
+    if at is not None and at > kernel.store.get_run(runId).seq:
+        raise ApiProblem(400, f"at: run {runId} has no event {at} yet", errors=[("at", "beyond the run's last event")],
+                         kind="invalid-parameter")
+    return json_response(kernel.detail(runId, at=at))
+
+
+@router.get("/runs/{runId}/events", response_model=Page[EventView], summary="A run's stored events, in order")
+def list_events(request: Request, runId: str,
+                after: Annotated[int, Query(ge=0, description="only events after this seq")] = 0,
+                types: Annotated[str | None, Query(description="comma-separated event types")] = None,
+                limit: Limit = DEFAULT_LIMIT, cursor: Cursor = None) -> Response:
+    wanted = None
+    if types is not None:
+        wanted = frozenset(t.strip() for t in types.split(",") if t.strip())
+        unknown = sorted(wanted - EVENT_TYPES)
+        if unknown or not wanted:
+            raise ApiProblem(400, f"types: unknown event type {', '.join(unknown) or '(none given)'}",
+                             errors=[("types", "unknown event type")], kind="invalid-parameter")
+    start = decode_cursor("events", cursor)
+    bodies, last = kernel_of(request).event_page(runId, after=after if start is None else start, types=wanted,
+                                                 limit=limit)
+    return Response(_page_body(bodies, encode_cursor("events", last)), media_type="application/json")
+
+
+# -- commands -----------------------------------------------------------------------------------
+
+async def _command(request: Request, run_id: str, cmd: Command) -> Response:
+    kernel = kernel_of(request)
+    # Kernel.command is the CLI's own path: judged where the run is, refusals recorded in its log.
+    # It blocks on the store, so it gets a thread (and an event loop) of its own.
+    outcome = await anyio.to_thread.run_sync(lambda: anyio.run(lambda: kernel.command(run_id, cmd)))
+    return json_response({"accepted": True, "seq": outcome.record.seq}, status=202)
+
+
+_COMMAND_RESPONSES: dict[int | str, dict[str, Any]] = {202: {"model": Accepted}}
+
+
+@router.post("/runs/{runId}/send", status_code=202, response_model=Accepted, responses=_COMMAND_RESPONSES,
+             summary="Send a message to a live node run")
+async def send(request: Request, runId: str, body: Send) -> Response:
+    return await _command(request, runId, Command(kind="send", target=body.to, content=body.message))
+
+
+@router.post("/runs/{runId}/reply", status_code=202, response_model=Accepted, summary="Answer a waiting node run")
+async def reply(request: Request, runId: str, body: Reply) -> Response:
+    return await _command(request, runId, Command(kind="reply", target=body.to, content=body.content))
+
+
+@router.post("/runs/{runId}/pause", status_code=202, response_model=Accepted, summary="Pause a running run")
+async def pause(request: Request, runId: str, body: Pause | None = None) -> Response:
+    return await _command(request, runId, Command(kind="pause", reason=body.reason if body else None))
+
+
+@router.post("/runs/{runId}/abort", status_code=202, response_model=Accepted, summary="Abort a run for good")
+async def abort(request: Request, runId: str, body: Abort | None = None) -> Response:
+    return await _command(request, runId, Command(kind="abort", reason=body.reason if body else None))
+
+
+# Resume and retry are defined with run creation: a worker continues the run (see `execute`).
+__all__ = ["Resume", "router"]

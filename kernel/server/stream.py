@@ -1,0 +1,58 @@
+"""``GET /runs/{runId}/stream``: Server-Sent Events from the durable log.
+
+Every stored event after ``Last-Event-ID`` (or ``?after=``) as ``id: <seq>`` / ``event: <type>`` /
+``data: <the event's JSON>``, then each new event once it is committed, until ``flow:complete``;
+``: keepalive`` while the run is quiet. A client that reconnects, however much later, misses nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Annotated
+
+import anyio.to_thread
+from fastapi import APIRouter, Header, Query, Request
+from fastapi.responses import StreamingResponse
+from flowkernel.server.feed import Feed
+from flowkernel.server.problems import ApiProblem
+from flowkernel.server.runs import kernel_of
+
+router = APIRouter(tags=["runs"])
+
+KEEPALIVE = b": keepalive\n\n"
+
+
+def frame(seq: int, body: bytes) -> bytes:
+    kind = body[9:body.index(b'"', 9)]  # msgspec writes the tag first: b'{"type":"<kind>"'
+    return b"id: %d\nevent: %s\ndata: %s\n\n" % (seq, kind, body)
+
+
+@router.get("/runs/{runId}/stream", summary="Follow a run's events as Server-Sent Events",
+            response_class=StreamingResponse,
+            responses={200: {"content": {"text/event-stream": {}},
+                             "description": "id: <seq>, event: <type>, data: <event JSON>, per event"}})
+async def stream(request: Request, runId: str,
+                 after: Annotated[int | None, Query(ge=0, description="start after this seq")] = None,
+                 last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None) -> StreamingResponse:
+    kernel = kernel_of(request)
+    await anyio.to_thread.run_sync(kernel.store.get_run, runId)  # 404 before the stream starts
+    start = after or 0
+    if last_event_id is not None:
+        if not last_event_id.strip().isdigit():
+            raise ApiProblem(400, "Last-Event-ID: must be the seq of an event (an `id:` this stream sent)",
+                             errors=[("Last-Event-ID", "not a seq")], kind="invalid-parameter")
+        start = int(last_event_id)
+    feed: Feed = request.app.state.feed
+    keepalive_s: float = request.app.state.config.keepalive_s
+
+    async def frames() -> AsyncIterator[bytes]:
+        seq = start
+        async for body in feed.events(runId, start, keepalive_s=keepalive_s):
+            if body is None:
+                yield KEEPALIVE
+                continue
+            seq += 1
+            yield frame(seq, body)
+
+    return StreamingResponse(frames(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

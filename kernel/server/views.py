@@ -1,0 +1,174 @@
+"""The API's request bodies and response shapes as pydantic models: they make the OpenAPI document.
+
+Responses are encoded with msgspec from the Python API's own structs (the same bytes ``events
+--json`` prints for an event); these models describe them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Generic, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+T = TypeVar("T")
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Problem(BaseModel):
+    type: str
+    title: str
+    status: int
+    detail: str
+    errors: list[dict[str, str]] | None = Field(None, description="each problem with its JSON path")
+
+
+class Health(BaseModel):
+    status: Literal["ok"]
+    version: str
+    store: Literal["sqlite", "postgresql", "memory"]
+
+
+class Usage(BaseModel):
+    inputTokens: int
+    outputTokens: int
+    cacheCreationInputTokens: int
+    cacheReadInputTokens: int
+
+
+class RunSummary(BaseModel):
+    runId: str
+    flowName: str
+    status: Literal["queued", "running", "paused", "waiting", "completed", "failed", "aborted"]
+    parentRunId: str | None
+    createdAt: int = Field(description="Unix ms")
+    updatedAt: int = Field(description="Unix ms of the run's last event")
+    completedAt: int | None
+    durationMs: int | None
+    totalCostUsd: float = Field(description="the run's model calls and its child runs'")
+    usage: Usage
+    error: str | None
+
+
+class RunInfo(RunSummary):
+    seq: int
+    flowHash: str
+    input: Any
+    parentNodeRunId: str | None = None
+    forkedFrom: str | None = None
+    forkedAt: int | None = None
+    idempotencyKey: str | None = None
+
+
+class RunDetail(BaseModel):
+    run: RunInfo
+    snapshot: dict[str, Any] = Field(description="the RunSnapshot (DESIGN §5)")
+    children: list[RunSummary]
+
+
+class Page(BaseModel, Generic[T]):
+    items: list[T]
+    nextCursor: str | None = Field(description="pass as ?cursor= for the next page; null at the end")
+
+
+class Event(BaseModel):
+    """An event exactly as `flowkernel events --json` prints it (DESIGN §4)."""
+
+    model_config = ConfigDict(extra="allow")
+    type: str
+    seq: int
+    timestamp: int
+    flowRunId: str
+
+
+class FlowInfo(BaseModel):
+    name: str
+    description: str | None
+    inputs: dict[str, Any] | None
+
+
+class CreateRun(_Body):
+    flow: str | None = Field(None, description="the name of a flow in the server's --flows folders")
+    flowDocument: dict[str, Any] | None = Field(None, description="a whole flow document")
+    input: Any = None
+    idempotencyKey: str | None = Field(None, min_length=1, max_length=200)
+
+
+class Resume(_Body):
+    message: str | None = None
+
+
+class Send(_Body):
+    to: str | None = Field(None, description="the node run (nr_…) the message is for")
+    message: Any = None
+
+
+class Reply(_Body):
+    to: str | None = Field(None, description="the waiting node run (nr_…)")
+    content: Any = None
+
+
+class Pause(_Body):
+    reason: str | None = None
+
+
+class Abort(_Body):
+    reason: str | None = None
+
+
+class Accepted(BaseModel):
+    accepted: Literal[True]
+    seq: int = Field(description="the seq of the command:received event that accepted it")
+
+
+class AgentRun(BaseModel):
+    agentRunId: str
+    runId: str
+    agentId: str
+    status: Literal["running", "waiting", "paused", "completed", "failed", "interrupted"]
+    stepCount: int
+    maxSteps: int | None
+    sessionId: str | None
+    resumedFrom: str | None
+    parentRunId: str | None
+    createdAt: int
+    completedAt: int | None
+    durationMs: int | None
+    errorMessage: str | None
+    totalCostUsd: float
+
+
+class AgentRunDetail(AgentRun):
+    model: str | None
+    summary: str | None
+    usage: Usage
+
+
+class Message(BaseModel):
+    messageId: int
+    agentRunId: str
+    runId: str
+    agentId: str
+    sessionId: str
+    role: str
+    content: Any
+    step: int
+    createdAt: int
+
+
+class ToolCall(BaseModel):
+    toolCallId: int
+    toolUseId: str
+    messageId: int | None
+    agentRunId: str
+    runId: str
+    agentId: str
+    toolName: str
+    input: Any
+    output: Any
+    status: Literal["completed", "error"]
+    durationMs: int | None
+    step: int
+    createdAt: int
