@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
-
 from flowkernel.history import Page
 from flowkernel.server.pagination import DEFAULT_LIMIT, MAX_LIMIT, decode_cursor, encode_cursor
 from flowkernel.server.problems import ApiProblem
