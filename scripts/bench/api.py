@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import socket
@@ -58,7 +59,7 @@ def chain(name: str, nodes: int, node: dict[str, Any], first: dict[str, Any] | N
     doc_nodes = [{"id": i, **node} for i in ids]
     if first is not None:
         doc_nodes[0] = {"id": ids[0], **first}
-    return {"name": name, "nodes": doc_nodes, "edges": [{"from": a, "to": b} for a, b in zip(ids, ids[1:], strict=False)]}
+    return {"name": name, "nodes": doc_nodes, "edges": [{"from": a, "to": b} for a, b in itertools.pairwise(ids)]}
 
 
 def free_port() -> int:
