@@ -91,7 +91,7 @@ async def test_thinking_blocks_are_sent_back_unchanged_with_their_signatures(tmp
     kernel = make_kernel(tmp_path, fake)
     kernel.registry.add_tool("weather", registry_tool)
     snap = await kernel.run(kernel.compile(agent_flow(prompt="Weather?", tools=["weather"], maxTokens=4096,
-                                                      thinking={"budgetTokens": 2048})), {})
+                                                      model="claude-opus-4-5", thinking={"budgetTokens": 2048})), {})
 
     assert snap.outputs["agent"]["text"] == "Sunny."
     first, second = fake.requests[0].body, fake.requests[1].body

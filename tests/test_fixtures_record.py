@@ -15,7 +15,7 @@ from flowkernel.tools import tool
 
 FLOW = {"name": "rt", "nodes": [
     {"id": "ask", "type": "claude.agent", "input": {"prompt": "Add 2 and 3, then explain.", "tools": ["add"],
-                                                    "thinking": {"budgetTokens": 1024}}},
+                                                    "thinking": {"type": "adaptive", "effort": "medium"}}},
     {"id": "say", "type": "claude.agent", "input": {"prompt": "Repeat: {{ ask.text }}", "system": "Be brief."}},
 ], "edges": [{"from": "ask", "to": "say"}]}
 

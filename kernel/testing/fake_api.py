@@ -33,6 +33,10 @@ Script API (each ``POST /v1/messages`` pops the next response, in order):
 (the stream stops just before the first event of that name); ``event_names(reply)`` lists
 the full stream's event names, pings included.
 
+A request the real API would refuse (a thinking budget under 1024 or not below ``max_tokens``, an
+unknown thinking type or effort, more than four ``cache_control`` breakpoints, a marker on a thinking
+or empty text block) is answered 400 ``invalid_request_error`` and keeps the script.
+
 Every request is recorded in ``fake.requests`` (``RecordedRequest``: parsed JSON body,
 lower-cased headers, arrival time, and what was served). Running out of script answers 500
 ``api_error`` with ``x-should-retry: false`` (so the SDK fails fast instead of retrying into
@@ -74,6 +78,7 @@ __all__ = [
     "event_names",
     "held",
     "http_error",
+    "invalid_request",
     "reply",
     "stream_error",
 ]
@@ -681,6 +686,10 @@ class FakeAnthropic:
             elif not isinstance(body, dict):
                 response = _complaint(f"fake: request {index} body is not a JSON object")
                 outcome = "bad_body"
+            elif (problem := invalid_request(body)) is not None:
+                # Refused before any model runs, as the real API does: the script is kept.
+                response = ErrorReply(400, "invalid_request_error", problem)
+                outcome = "invalid_request"
             elif not self._script:
                 response = _complaint(
                     f"FakeAnthropic script exhausted: request {index} arrived "
@@ -696,6 +705,56 @@ class FakeAnthropic:
             )
             self._cond.notify_all()
             return index, response
+
+
+EFFORTS = ("low", "medium", "high", "xhigh", "max")
+MAX_CACHE_BREAKPOINTS = 4
+MIN_THINKING_BUDGET = 1024
+
+
+def _content_blocks(body: JSONObject) -> list[tuple[str, Any]]:
+    """Every block of the prompt that may carry ``cache_control``, with where it is."""
+    blocks: list[tuple[str, Any]] = [(f"tools.{i}", t) for i, t in enumerate(body.get("tools") or [])]
+    system = body.get("system")
+    if isinstance(system, list):
+        blocks += [(f"system.{i}", b) for i, b in enumerate(system)]
+    for i, message in enumerate(body.get("messages") or []):
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, list):
+            blocks += [(f"messages.{i}.content.{j}", b) for j, b in enumerate(content)]
+    return blocks
+
+
+def invalid_request(body: JSONObject) -> str | None:
+    """What the real API would refuse with 400 in a request's thinking, effort or cache markers."""
+    thinking = body.get("thinking")
+    if thinking is not None:
+        kind = thinking.get("type") if isinstance(thinking, dict) else None
+        if kind not in ("enabled", "adaptive", "disabled", "between_tools"):
+            return f"thinking.type: Input tag {kind!r} found using 'type' does not match any of the expected tags"
+        if kind == "enabled":
+            budget = thinking.get("budget_tokens")
+            if not isinstance(budget, int) or budget < MIN_THINKING_BUDGET:
+                return f"thinking.enabled.budget_tokens: Input should be greater than or equal to {MIN_THINKING_BUDGET}"
+            if budget >= int(body.get("max_tokens") or 0):
+                return "`max_tokens` must be greater than `thinking.budget_tokens`"
+        elif "budget_tokens" in thinking:
+            return f"thinking.{kind}.budget_tokens: Extra inputs are not permitted"
+    output_config = body.get("output_config")
+    if isinstance(output_config, dict) and output_config.get("effort") not in (None, *EFFORTS):
+        return f"output_config.effort: Input should be {', '.join(repr(e) for e in EFFORTS)}"
+    marked = 1 if body.get("cache_control") else 0
+    for where, block in _content_blocks(body):
+        if not isinstance(block, dict) or "cache_control" not in block:
+            continue
+        marked += 1
+        if block.get("type") in ("thinking", "redacted_thinking"):
+            return f"{where}.cache_control: thinking blocks cannot be marked for caching"
+        if block.get("type") == "text" and not block.get("text"):
+            return f"{where}.cache_control: cache_control cannot be set for empty text blocks"
+    if marked > MAX_CACHE_BREAKPOINTS:
+        return f"A maximum of {MAX_CACHE_BREAKPOINTS} blocks with cache_control may be provided. Found {marked}."
+    return None
 
 
 def _complaint(message: str) -> ErrorReply:

@@ -7,6 +7,7 @@ from typing import Any
 
 from flowkernel.errors import NodeFailure, Problem
 from flowkernel.node import check_json_schema
+from flowkernel.nodes.claude.models import ADAPTIVE, BUDGET, traits
 
 DEFAULT_MODEL = "claude-sonnet-5-5"  # current, and not in the SDK's deprecation table
 DEFAULT_MAX_TOKENS = 8192
@@ -14,6 +15,8 @@ DEFAULT_MAX_TURNS = 50
 DEFAULT_MAX_TOTAL_TURNS = 500
 DEFAULT_OUTPUT_RETRIES = 2
 DEFAULT_TOOL_RESULT_MAX_BYTES = 100_000
+MIN_THINKING_BUDGET = 1024
+EFFORTS = ("low", "medium", "high", "xhigh", "max")
 
 KEYS = frozenset({"prompt", "messages", "system", "model", "maxTokens", "temperature", "thinking", "maxTurns",
                   "maxTotalTurns", "tools", "outputSchema", "outputRetries", "session", "toolResultMaxBytes"})
@@ -30,7 +33,9 @@ class AgentConfig:
     model: str = DEFAULT_MODEL
     max_tokens: int = DEFAULT_MAX_TOKENS
     temperature: float | None = None
-    thinking_budget: int | None = None
+    thinking_budget: int | None = None  # budgeted thinking: budget_tokens
+    adaptive: bool = False  # adaptive thinking, with ``effort`` if given
+    effort: str | None = None
     max_turns: int = DEFAULT_MAX_TURNS
     max_total_turns: int = DEFAULT_MAX_TOTAL_TURNS
     tools: list[str] = field(default_factory=list)
@@ -51,6 +56,59 @@ def _positive_int(data: dict[str, Any], key: str, path: str, problems: list[Prob
         return
     if not isinstance(value, int) or isinstance(value, bool) or value < (0 if zero else 1):
         problems.append(Problem(f"{path}.{key}", f"must be {'a non-negative' if zero else 'a positive'} integer"))
+
+
+def _model_of(data: dict[str, Any]) -> str | None:
+    """The model the node will call, or None while a binding decides it."""
+    model = data.get("model")
+    if model is None:
+        return DEFAULT_MODEL
+    return model if isinstance(model, str) and not _binding(model) else None
+
+
+THINKING_SHAPES = ('{"type": "adaptive", "effort"?: "low" | "medium" | "high" | "xhigh" | "max"} or '
+                   '{"budgetTokens": <integer, at least 1024 and below maxTokens>}')
+
+
+def _check_thinking(data: dict[str, Any], path: str, problems: list[Problem]) -> None:
+    """The thinking form is well made and is one the model accepts (see ``models.TRAITS``)."""
+    thinking = data.get("thinking")
+    if thinking is None or _binding(thinking):
+        return
+    where = f"{path}.thinking"
+    if not isinstance(thinking, dict) or ("budgetTokens" in thinking) == (thinking.get("type") == ADAPTIVE):
+        problems.append(Problem(where, f"must be {THINKING_SHAPES}"))
+        return
+    model = _model_of(data)
+    accepted = traits(model).thinking if model is not None else frozenset({ADAPTIVE, BUDGET})
+    if thinking.get("type") == ADAPTIVE:
+        for key in sorted(set(thinking) - {"type", "effort"}):
+            problems.append(Problem(f"{where}.{key}", "unknown key; adaptive thinking takes type and effort"))
+        effort = thinking.get("effort")
+        if effort is not None and not _binding(effort) and effort not in EFFORTS:
+            problems.append(Problem(f"{where}.effort", f"must be one of {', '.join(EFFORTS)}"))
+        if ADAPTIVE not in accepted:
+            problems.append(Problem(where, f"model {model} does not take adaptive thinking; give it a budget: "
+                                           '{"budgetTokens": N} (at least 1024, below maxTokens)'))
+        return
+    for key in sorted(set(thinking) - {"budgetTokens", "type"}):
+        problems.append(Problem(f"{where}.{key}", "unknown key; budgeted thinking takes budgetTokens"))
+    if thinking.get("type", "enabled") != "enabled":
+        problems.append(Problem(f"{where}.type", f"must be {THINKING_SHAPES}"))
+    budget = thinking["budgetTokens"]
+    if _binding(budget):
+        return
+    if not isinstance(budget, int) or isinstance(budget, bool) or budget < MIN_THINKING_BUDGET:
+        problems.append(Problem(f"{where}.budgetTokens", f"must be an integer of at least {MIN_THINKING_BUDGET} "
+                                                         "(the API's minimum thinking budget)"))
+    else:
+        max_tokens = data.get("maxTokens", DEFAULT_MAX_TOKENS)
+        if isinstance(max_tokens, int) and not isinstance(max_tokens, bool) and max_tokens <= budget:
+            problems.append(Problem(f"{path}.maxTokens", f"must be greater than thinking.budgetTokens ({budget})"))
+    if BUDGET not in accepted:
+        problems.append(Problem(where, f"model {model} takes adaptive thinking only (a budget is refused with "
+                                       '400): use {"type": "adaptive", "effort": "low" | "medium" | "high" | '
+                                       '"xhigh" | "max"}'))
 
 
 def check_input(data: Any, path: str, problems: list[Problem]) -> None:
@@ -84,15 +142,15 @@ def check_input(data: Any, path: str, problems: list[Problem]) -> None:
     if temp is not None and not _binding(temp) and (not isinstance(temp, int | float) or isinstance(temp, bool)
                                                     or not 0 <= temp <= 1):
         problems.append(Problem(f"{path}.temperature", "must be a number from 0 to 1"))
-    thinking = data.get("thinking")
-    if thinking is not None and not _binding(thinking):
-        budget = thinking.get("budgetTokens") if isinstance(thinking, dict) else None
-        if not isinstance(budget, int) or isinstance(budget, bool) or budget < 1:
-            problems.append(Problem(f"{path}.thinking", "must be {\"budgetTokens\": <positive integer>}"))
-        else:
-            max_tokens = data.get("maxTokens", DEFAULT_MAX_TOKENS)
-            if isinstance(max_tokens, int) and max_tokens <= budget:
-                problems.append(Problem(f"{path}.maxTokens", f"must be greater than thinking.budgetTokens ({budget})"))
+    elif temp is not None and temp != 1 and not _binding(temp):
+        model = _model_of(data)
+        if model is not None and not traits(model).temperature:
+            problems.append(Problem(f"{path}.temperature", f"model {model} takes no temperature but the default "
+                                                           "(1): the API answers 400; leave it out"))
+        elif data.get("thinking") is not None:
+            problems.append(Problem(f"{path}.temperature", "thinking takes no temperature but the default (1); "
+                                                           "leave it out, or turn thinking off"))
+    _check_thinking(data, path, problems)
     tools = data.get("tools")
     if tools is not None and not _binding(tools) and (
             not isinstance(tools, list) or not all(isinstance(t, str) for t in tools)):
@@ -120,7 +178,9 @@ def parse_config(data: Any, node_id: str, services: dict[str, Any]) -> AgentConf
         model=data.get("model") or DEFAULT_MODEL,
         max_tokens=data.get("maxTokens", DEFAULT_MAX_TOKENS),
         temperature=data.get("temperature"),
-        thinking_budget=thinking["budgetTokens"] if thinking else None,
+        thinking_budget=thinking.get("budgetTokens") if thinking else None,
+        adaptive=bool(thinking) and thinking.get("type") == ADAPTIVE,
+        effort=thinking.get("effort") if thinking else None,
         max_turns=data.get("maxTurns", DEFAULT_MAX_TURNS),
         max_total_turns=data.get("maxTotalTurns", services.get("agent_max_total_turns", DEFAULT_MAX_TOTAL_TURNS)),
         tools=list(data.get("tools") or []),
@@ -154,6 +214,10 @@ def build_request(cfg: AgentConfig, messages: list[dict[str, Any]],
         req["tools"] = definitions
     if cfg.temperature is not None:
         req["temperature"] = cfg.temperature
-    if cfg.thinking_budget is not None:
+    if cfg.adaptive:
+        req["thinking"] = {"type": "adaptive"}
+        if cfg.effort is not None:
+            req["output_config"] = {"effort": cfg.effort}
+    elif cfg.thinking_budget is not None:
         req["thinking"] = {"type": "enabled", "budget_tokens": cfg.thinking_budget}
     return req

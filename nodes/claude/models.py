@@ -1,0 +1,67 @@
+"""What each Claude model accepts in a request: which thinking forms, effort, a temperature.
+
+Checked when a flow is validated, so a node asks each model for thinking the way it wants it and
+the user hears about a mismatch with the JSON path, before any call. A model is matched by its
+longest id prefix (dated ids find their family). An id the table does not know (a newer model, a
+gateway's alias) gets ``UNKNOWN``: everything allowed, the API has the last word.
+
+Sources: the models' overview and migration pages and the adaptive-thinking page of the Claude
+platform docs, checked 2026-11-22. Adaptive thinking (``thinking: {type: "adaptive"}`` with
+``output_config.effort``) is the only thinking form from Opus 4.7 and Sonnet 5 on (budgeted thinking
+answers 400); Opus 4.6, Sonnet 4.6 and Opus 5 still take ``budget_tokens`` (deprecated on the 4.6
+models); Opus 4.5 and older take only ``budget_tokens`` (Opus 4.5 takes effort too). Sonnet 5 and
+the 5.x models after it reject a non-default temperature.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+ADAPTIVE = "adaptive"
+BUDGET = "budget"
+
+
+@dataclass(frozen=True, slots=True)
+class ModelTraits:
+    thinking: frozenset[str]  # ADAPTIVE, BUDGET
+    effort: bool = True  # takes output_config.effort
+    temperature: bool = True  # takes a temperature other than the default (1)
+
+
+_ADAPTIVE_ONLY = ModelTraits(frozenset({ADAPTIVE}), effort=True, temperature=False)
+_ADAPTIVE_ONLY_SAMPLING = ModelTraits(frozenset({ADAPTIVE}))
+_BOTH = ModelTraits(frozenset({ADAPTIVE, BUDGET}))
+_BUDGET_EFFORT = ModelTraits(frozenset({BUDGET}), effort=True)
+_BUDGET_ONLY = ModelTraits(frozenset({BUDGET}), effort=False)
+
+UNKNOWN = ModelTraits(frozenset({ADAPTIVE, BUDGET}))
+
+TRAITS: dict[str, ModelTraits] = {
+    "claude-fable-5-2": _ADAPTIVE_ONLY,
+    "claude-mythos-5-2": _ADAPTIVE_ONLY,
+    "claude-fable-5-1": _ADAPTIVE_ONLY,
+    "claude-mythos-5-1": _ADAPTIVE_ONLY,
+    "claude-fable-5": _ADAPTIVE_ONLY_SAMPLING,
+    "claude-mythos-5": _ADAPTIVE_ONLY_SAMPLING,
+    "claude-opus-5-5": _ADAPTIVE_ONLY,
+    "claude-opus-5": _BOTH,
+    "claude-opus-4-8": _ADAPTIVE_ONLY_SAMPLING,
+    "claude-opus-4-7": _ADAPTIVE_ONLY_SAMPLING,
+    "claude-opus-4-6": _BOTH,
+    "claude-opus-4-5": _BUDGET_EFFORT,
+    "claude-opus-4-1": _BUDGET_ONLY,
+    "claude-opus-4-0": _BUDGET_ONLY,
+    "claude-opus-4-20250514": _BUDGET_ONLY,
+    "claude-sonnet-5-5": _ADAPTIVE_ONLY,
+    "claude-sonnet-5": _ADAPTIVE_ONLY,
+    "claude-sonnet-4-6": _BOTH,
+    "claude-sonnet-4-5": _BUDGET_ONLY,
+    "claude-haiku-5-5": _ADAPTIVE_ONLY,
+    "claude-haiku-4-5": _BUDGET_ONLY,
+}
+
+
+def traits(model: str) -> ModelTraits:
+    """What ``model`` accepts; ``UNKNOWN`` (everything) for an id the table does not know."""
+    best = max((k for k in TRAITS if model.startswith(k)), key=len, default=None)
+    return TRAITS[best] if best is not None else UNKNOWN
