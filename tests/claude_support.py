@@ -36,3 +36,19 @@ def types(events: list[Event]) -> list[str]:
 def stored_conversation(kernel: Kernel, session_id: str) -> list[dict[str, Any]]:
     rows = kernel.store.list_agent_messages(session_id=session_id, limit=10_000)
     return [{"role": r["role"], "content": r["content"]} for r in rows if r["role"] != "system"]
+
+
+def sent(value: Any) -> Any:
+    """A request body, or part of one, as the model reads it: without prompt-caching markers, and a
+    content or system that a marker turned into one text block back to its string."""
+    if isinstance(value, dict):
+        out = {k: sent(v) for k, v in value.items() if k != "cache_control"}
+        for key in ("content", "system"):
+            block = out.get(key)
+            if isinstance(block, list) and len(block) == 1 and isinstance(block[0], dict) \
+                    and set(block[0]) == {"type", "text"} and block[0]["type"] == "text":
+                out[key] = block[0]["text"]
+        return out
+    if isinstance(value, list):
+        return [sent(v) for v in value]
+    return value

@@ -33,7 +33,7 @@ from flowkernel.testing.fake_api import (
 )
 from flowkernel.tools import tool
 
-from tests.claude_support import agent_events, agent_flow, make_kernel, stored_conversation, types
+from tests.claude_support import agent_events, agent_flow, make_kernel, sent, stored_conversation, types
 
 
 @pytest.fixture
@@ -59,7 +59,7 @@ async def test_plain_text_streams_deltas_and_completes_with_the_text(tmp_path: P
     out = snap.outputs["agent"]
     assert out["text"] == "Hello, Ada!" and out["stopReason"] == "end_turn" and out["numTurns"] == 1
     assert out["sessionId"] == snap.agentSessions["agent"]
-    body = fake.requests[0].body
+    body = sent(fake.requests[0].body)
     assert body["messages"] == [{"role": "user", "content": "Greet Ada"}]
     assert body["system"] == "Be brief." and body["stream"] is True and body["model"] == "claude-sonnet-5-5"
     assert fake.requests[0].headers.get("authorization") == "Bearer test"
@@ -94,7 +94,7 @@ async def test_thinking_blocks_are_sent_back_unchanged_with_their_signatures(tmp
                                                       model="claude-opus-4-5", thinking={"budgetTokens": 2048})), {})
 
     assert snap.outputs["agent"]["text"] == "Sunny."
-    first, second = fake.requests[0].body, fake.requests[1].body
+    first, second = sent(fake.requests[0].body), sent(fake.requests[1].body)
     assert first["thinking"] == {"type": "enabled", "budget_tokens": 2048}
     assistant = second["messages"][1]
     assert assistant["role"] == "assistant"
@@ -110,7 +110,7 @@ async def test_max_tokens_stop_completes_with_the_partial_text(tmp_path: Path, f
     assert snap.status == "completed"
     assert snap.outputs["agent"]["stopReason"] == "max_tokens"
     assert snap.outputs["agent"]["text"] == "The answer is cut"
-    assert fake.requests[0].body["max_tokens"] == 5
+    assert sent(fake.requests[0].body)["max_tokens"] == 5
 
 
 # --- tools ---------------------------------------------------------------------------------
@@ -138,13 +138,13 @@ async def test_two_tool_calls_in_one_message_run_concurrently_and_results_match_
     snap = await kernel.run(kernel.compile(agent_flow(prompt="look up a and b", tools=["lookup"])), {})
 
     assert snap.status == "completed", snap.faults
-    results = fake.requests[1].body["messages"][2]
+    results = sent(fake.requests[1].body)["messages"][2]
     assert results == {"role": "user", "content": [
         {"type": "tool_result", "tool_use_id": "tu_a", "content": "value of a"},
         {"type": "tool_result", "tool_use_id": "tu_b", "content": "value of b"}]}
     tools_seen = [e for e in agent_events(kernel, snap.runId) if isinstance(e, AgentTool)]
     assert sorted(e.toolUseId for e in tools_seen) == ["tu_a", "tu_b"] and all(e.error is None for e in tools_seen)
-    assert fake.requests[0].body["tools"][0]["input_schema"] == {
+    assert sent(fake.requests[0].body)["tools"][0]["input_schema"] == {
         "type": "object", "properties": {"key": {"type": "string"}}, "required": ["key"]}
     calls = kernel.store.list_tool_calls(flow_run_id=snap.runId)
     assert {c["toolUseId"]: c["status"] for c in calls} == {"tu_a": "completed", "tu_b": "completed"}
@@ -163,7 +163,7 @@ async def test_a_tool_that_raises_becomes_an_error_result_and_the_loop_goes_on(t
     snap = await kernel.run(kernel.compile(agent_flow(prompt="go", tools=["explode"])), {})
 
     assert snap.status == "completed"
-    result = fake.requests[1].body["messages"][2]["content"][0]
+    result = sent(fake.requests[1].body)["messages"][2]["content"][0]
     assert result == {"type": "tool_result", "tool_use_id": "tu_x", "content": "ValueError: disk on fire",
                       "is_error": True}
     events = agent_events(kernel, snap.runId)
@@ -180,10 +180,10 @@ async def test_large_tool_results_are_truncated_with_a_marker_before_storing_and
     kernel.registry.add_tool("big", lambda: "x" * 300_000)
     snap = await kernel.run(kernel.compile(agent_flow(prompt="go", tools=["big"])), {})
 
-    sent = fake.requests[1].body["messages"][2]["content"][0]["content"]
-    assert sent.startswith("x" * 100_000) and len(sent) < 100_200
-    assert "truncated: 100000 of 300000 bytes shown" in sent
-    assert kernel.store.list_tool_calls(flow_run_id=snap.runId)[0]["output"] == sent
+    result = sent(fake.requests[1].body)["messages"][2]["content"][0]["content"]
+    assert result.startswith("x" * 100_000) and len(result) < 100_200
+    assert "truncated: 100000 of 300000 bytes shown" in result
+    assert kernel.store.list_tool_calls(flow_run_id=snap.runId)[0]["output"] == result
 
 
 async def test_max_turns_exhausted_fails_the_node_with_error_max_turns(tmp_path: Path, fake: FakeAnthropic) -> None:
@@ -209,8 +209,8 @@ async def test_structured_output_that_fails_validation_is_sent_back_and_correcte
 
     assert snap.status == "completed"
     assert snap.outputs["agent"]["structuredOutput"] == {"passed": True}
-    assert "JSON Schema" in fake.requests[0].body["system"]
-    feedback = fake.requests[1].body["messages"][-1]
+    assert "JSON Schema" in sent(fake.requests[0].body)["system"]
+    feedback = sent(fake.requests[1].body)["messages"][-1]
     assert feedback["role"] == "user" and "passed: 'yes' is not of type 'boolean'" in feedback["content"]
     errors = [e for e in agent_events(kernel, snap.runId) if isinstance(e, AgentError)]
     assert [e.errorType for e in errors] == ["error_output_schema"]

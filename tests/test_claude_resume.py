@@ -20,7 +20,7 @@ from flowkernel.commands import Command
 from flowkernel.events import AgentTool, BaseEvent, NodeStart
 from flowkernel.testing.fake_api import FakeAnthropic, Text, ToolUse, held, reply
 
-from tests.claude_support import agent_events, agent_flow, make_kernel, stored_conversation
+from tests.claude_support import agent_events, agent_flow, make_kernel, sent, stored_conversation
 
 
 @pytest.fixture
@@ -47,8 +47,8 @@ async def test_ask_human_waits_and_the_reply_becomes_the_tool_result(tmp_path: P
     assert final.status == "completed" and final.outputs["agent"]["text"] == "Blue it is."
     assert final.nodeRuns["agent"] != waiting.runId
     assert final.outputs["agent"]["sessionId"] == snap.agentSessions["agent"]
-    second = fake.requests[1].body["messages"]
-    assert second[:2] == fake.requests[0].body["messages"] + [second[1]]
+    second = sent(fake.requests[1].body)["messages"]
+    assert second[:2] == sent(fake.requests[0].body)["messages"] + [second[1]]
     assert second[-1] == {"role": "user", "content": [
         {"type": "tool_result", "tool_use_id": "tu_ask", "content": "blue"}]}
     assert second == stored_conversation(other, final.agentSessions["agent"])[:3]
@@ -82,8 +82,8 @@ async def test_pause_mid_conversation_then_resume_sends_the_stored_conversation_
 
     final = await kernel.resume(run_id, "please go on")
     assert final.status == "completed" and final.outputs["agent"]["text"] == "Resumed answer"
-    interrupted = fake.requests[1].body["messages"]
-    resumed = fake.requests[2].body["messages"]
+    interrupted = sent(fake.requests[1].body)["messages"]
+    resumed = sent(fake.requests[2].body)["messages"]
     assert resumed == [*interrupted, {"role": "user", "content": "please go on"}]
     session = final.agentSessions["agent"]
     assert resumed == stored_conversation(kernel, session)[:-1]  # everything stored, minus the new answer
@@ -128,7 +128,7 @@ async def test_send_to_a_running_agent_arrives_at_the_next_turn_boundary(tmp_pat
 
     final = result[0]
     assert getattr(final, "status", None) == "completed"
-    last = fake.requests[1].body["messages"][-1]
+    last = sent(fake.requests[1].body)["messages"][-1]
     assert last == {"role": "user", "content": [
         {"type": "tool_result", "tool_use_id": "tu_s", "content": "build done"},
         {"type": "text", "text": "Also update the docs"}]}
@@ -178,8 +178,8 @@ async def test_sigkill_mid_conversation_and_resume_from_a_new_process(tmp_path: 
 
     assert final.status == "completed", final.faults
     assert final.outputs["agent"]["text"] == "Finished after the crash"
-    before_crash = fake.requests[2].body["messages"]
-    after_crash = fake.requests[3].body["messages"]
+    before_crash = sent(fake.requests[2].body)["messages"]
+    after_crash = sent(fake.requests[3].body)["messages"]
     assert after_crash == [*before_crash, {"role": "user", "content": "continue"}]
     assert json.dumps(after_crash) == json.dumps(stored_conversation(kernel, final.agentSessions["agent"])[:-1])
 

@@ -12,6 +12,8 @@ import pytest
 from flowkernel.fixtures import RECORD_HINT
 from flowkernel.testing.fake_api import FakeAnthropic, Text, ToolUse, reply
 
+from tests.claude_support import sent
+
 ROOT = Path(__file__).resolve().parent.parent
 CLI = [sys.executable, "-m", "flowkernel.cli"]
 
@@ -77,7 +79,7 @@ def test_record_writes_fixtures_that_replay_offline(env: dict[str, str], fake: F
     shipped = json.loads((ROOT / "fixtures" / "review-loop" / "planner.json").read_text(encoding="utf-8"))
     assert recorded["planner"]["calls"][0]["input"] == shipped["calls"][0]["input"]
     assert recorded["planner"]["flow"] == "review-loop"
-    assert recorded["coder"]["calls"][0]["input"]["messages"][0]["content"] == "Implement: 1. Write it. 2. Test it."
+    assert sent(recorded["coder"]["calls"][0]["input"]["messages"][0])["content"] == "Implement: 1. Write it. 2. Test it."
     assert [c["call"] for c in recorded["coder"]["calls"]] == [0, 1]
 
     env.pop("ANTHROPIC_API_KEY")

@@ -37,6 +37,14 @@ A request the real API would refuse (a thinking budget under 1024 or not below `
 unknown thinking type or effort, more than four ``cache_control`` breakpoints, a marker on a thinking
 or empty text block) is answered 400 ``invalid_request_error`` and keeps the script.
 
+``FakeAnthropic(prompt_cache=True)`` counts each request's input the way the API's prompt cache
+reports it, for every reply scripted without ``input_tokens``: the prompt is measured (about four
+characters of canonical JSON a token), each ``cache_control`` breakpoint writes its prefix, and a
+later request reads the longest written prefix found at a breakpoint or up to 20 blocks before one
+(``cache_read_input_tokens``), writes the rest up to its last breakpoint
+(``cache_creation_input_tokens``) and counts what follows as ``input_tokens``. Without it such a
+reply reports 10 input tokens and no cache use.
+
 Every request is recorded in ``fake.requests`` (``RecordedRequest``: parsed JSON body,
 lower-cased headers, arrival time, and what was served). Running out of script answers 500
 ``api_error`` with ``x-should-retry: false`` (so the SDK fails fast instead of retrying into
@@ -49,6 +57,7 @@ recorded on arrival, before their response is sent.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import socket
 import struct
@@ -56,7 +65,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from typing import Any, Literal, Self, cast
@@ -66,6 +75,7 @@ __all__ = [
     "ErrorReply",
     "FakeAnthropic",
     "Held",
+    "PromptCache",
     "RecordedRequest",
     "Reply",
     "Response",
@@ -87,6 +97,7 @@ JSONObject = dict[str, Any]
 StopReason = Literal["end_turn", "max_tokens", "stop_sequence", "tool_use", "pause_turn", "refusal"]
 
 MESSAGES_PATH = "/v1/messages"
+DEFAULT_INPUT_TOKENS = 10  # a reply's input_tokens when it gives none and the prompt cache is off
 
 # The error `type` the real API pairs with each status, used when a test gives none.
 DEFAULT_ERROR_TYPES: Mapping[int, str] = {
@@ -139,7 +150,7 @@ class Reply:
 
     content: tuple[Block, ...]
     stop_reason: StopReason
-    input_tokens: int
+    input_tokens: int | None  # None: counted from the request (see FakeAnthropic's prompt_cache), else 10
     output_tokens: int
     cache_creation_input_tokens: int
     cache_read_input_tokens: int
@@ -180,7 +191,7 @@ Response = Reply | ErrorReply | StreamReply | Held
 def reply(
     *content: Block,
     stop_reason: StopReason | None = None,
-    input_tokens: int = 10,
+    input_tokens: int | None = None,
     output_tokens: int | None = None,
     cache_creation_input_tokens: int = 0,
     cache_read_input_tokens: int = 0,
@@ -262,6 +273,7 @@ class RecordedRequest:
     raw_body: bytes
     received_at: float  # time.monotonic()
     outcome: str  # what the fake served, e.g. "reply:sse", "http_error:429", "script_exhausted"
+    usage: Mapping[str, int] | None = None  # input/cache usage the prompt cache counted for it
 
     @property
     def stream(self) -> bool:
@@ -313,6 +325,7 @@ def _full_block(block: Block, request_index: int, block_index: int) -> JSONObjec
 
 
 def _message_json(reply: Reply, *, model: str, message_id: str, request_index: int) -> JSONObject:
+    input_tokens = DEFAULT_INPUT_TOKENS if reply.input_tokens is None else reply.input_tokens
     return {
         "id": message_id,
         "type": "message",
@@ -322,9 +335,13 @@ def _message_json(reply: Reply, *, model: str, message_id: str, request_index: i
         "stop_reason": reply.stop_reason,
         "stop_sequence": None,
         "usage": {
-            "input_tokens": reply.input_tokens,
+            "input_tokens": input_tokens,
             "cache_creation_input_tokens": reply.cache_creation_input_tokens,
             "cache_read_input_tokens": reply.cache_read_input_tokens,
+            "cache_creation": {
+                "ephemeral_5m_input_tokens": reply.cache_creation_input_tokens,
+                "ephemeral_1h_input_tokens": 0,
+            },
             "output_tokens": reply.output_tokens,
         },
     }
@@ -559,8 +576,9 @@ class _Handler(BaseHTTPRequestHandler):
 class FakeAnthropic:
     """The fake server; a context manager that starts on enter and stops (joining threads) on exit."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, prompt_cache: bool = False, min_cache_tokens: int = 0) -> None:
         self._cond = threading.Condition()
+        self._cache = PromptCache(min_cache_tokens) if prompt_cache else None
         self._script: deque[Response] = deque()
         self._requests: list[RecordedRequest] = []
         self._connections: set[socket.socket] = set()
@@ -700,8 +718,12 @@ class FakeAnthropic:
                 response = self._script.popleft()
                 self._served += 1
                 outcome = _describe(response, stream=body.get("stream") is True)
+            usage: dict[str, int] | None = None
+            if self._cache is not None and isinstance(body, dict) and _needs_usage(response):
+                usage = self._cache.serve(body)
+                response = _with_usage(response, usage)
             self._requests.append(
-                RecordedRequest(index, method, path, dict(headers), body, raw, time.monotonic(), outcome)
+                RecordedRequest(index, method, path, dict(headers), body, raw, time.monotonic(), outcome, usage)
             )
             self._cond.notify_all()
             return index, response
@@ -755,6 +777,101 @@ def invalid_request(body: JSONObject) -> str | None:
     if marked > MAX_CACHE_BREAKPOINTS:
         return f"A maximum of {MAX_CACHE_BREAKPOINTS} blocks with cache_control may be provided. Found {marked}."
     return None
+
+
+# --- prompt cache ---------------------------------------------------------------------------
+
+
+def _tokens(item: Any) -> int:
+    """A stable stand-in for a tokenizer: about four characters of canonical JSON a token."""
+    return max(1, len(json.dumps(item, sort_keys=True, separators=(",", ":"), ensure_ascii=False)) // 4)
+
+
+def _prompt_items(body: JSONObject) -> list[tuple[Any, bool]]:
+    """The prompt in the order the API caches it (tools, system, messages), one item per block,
+    each without its marker and with whether it carried one."""
+    items: list[tuple[Any, bool]] = []
+
+    def add(where: Any, block: Any) -> None:
+        marked = isinstance(block, dict) and "cache_control" in block
+        plain = {k: v for k, v in block.items() if k != "cache_control"} if isinstance(block, dict) else block
+        items.append(([where, plain], marked))
+
+    for tool in body.get("tools") or []:
+        add("tool", tool)
+    system = body.get("system")
+    for block in [{"type": "text", "text": system}] if isinstance(system, str) else system or []:
+        add("system", block)
+    for i, message in enumerate(body.get("messages") or []):
+        content = message.get("content") if isinstance(message, dict) else None
+        role = message.get("role") if isinstance(message, dict) else None
+        for block in [{"type": "text", "text": content}] if isinstance(content, str) else content or []:
+            add(["message", i, role], block)
+    return items
+
+
+class PromptCache:
+    """The API's prompt cache, as its usage reports it: each breakpoint (a ``cache_control`` block,
+    or the last block for a top-level ``cache_control``) writes the prefix up to it; a request reads
+    the longest written prefix found at a breakpoint or up to 20 blocks before one. Reads and writes
+    are reported apart from ``input_tokens``, which counts what follows the last breakpoint. Entries
+    do not expire. Keyed by model, as the API's cache is."""
+
+    LOOKBACK = 20
+
+    def __init__(self, min_tokens: int = 0) -> None:
+        self.min_tokens = min_tokens
+        self._written: set[str] = set()
+
+    def serve(self, body: JSONObject) -> dict[str, int]:
+        items = _prompt_items(body)
+        digests: list[str] = []
+        totals: list[int] = []
+        running = hashlib.sha256(str(body.get("model")).encode())
+        total = 0
+        for item, _ in items:
+            running.update(json.dumps(item, sort_keys=True).encode())
+            digests.append(running.hexdigest())
+            total += _tokens(item)
+            totals.append(total)
+        points = [i for i, (_, marked) in enumerate(items) if marked]
+        if body.get("cache_control") and items and len(items) - 1 not in points:
+            points.append(len(items) - 1)
+        if not points:
+            return {"input_tokens": total, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
+        hit = -1
+        for point in points:
+            for at in range(point, max(-1, point - self.LOOKBACK), -1):
+                if digests[at] in self._written:
+                    hit = max(hit, at)
+                    break
+        last = max(points)
+        read = totals[hit] if hit >= 0 else 0
+        written = totals[last] - read if last > hit and totals[last] >= self.min_tokens else 0
+        for point in points:
+            if totals[point] >= self.min_tokens:
+                self._written.add(digests[point])
+        return {"input_tokens": total - read - written, "cache_creation_input_tokens": written,
+                "cache_read_input_tokens": read}
+
+
+def _needs_usage(response: Response) -> bool:
+    if isinstance(response, Held):
+        return _needs_usage(response.response)
+    reply = response.reply if isinstance(response, StreamReply) else response
+    return isinstance(reply, Reply) and reply.input_tokens is None
+
+
+def _with_usage(response: Response, usage: Mapping[str, int]) -> Response:
+    if isinstance(response, Held):
+        return replace(response, response=_with_usage(response.response, usage))
+    if isinstance(response, StreamReply):
+        return replace(response, reply=cast(Reply, _with_usage(response.reply, usage)))
+    if isinstance(response, Reply):
+        return replace(response, input_tokens=usage["input_tokens"],
+                       cache_creation_input_tokens=usage["cache_creation_input_tokens"],
+                       cache_read_input_tokens=usage["cache_read_input_tokens"])
+    return response
 
 
 def _complaint(message: str) -> ErrorReply:

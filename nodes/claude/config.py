@@ -7,6 +7,7 @@ from typing import Any
 
 from flowkernel.errors import NodeFailure, Problem
 from flowkernel.node import check_json_schema
+from flowkernel.nodes.claude.caching import mark_cache_breakpoints
 from flowkernel.nodes.claude.models import ADAPTIVE, BUDGET, traits
 
 DEFAULT_MODEL = "claude-sonnet-5-5"  # current, and not in the SDK's deprecation table
@@ -19,7 +20,8 @@ MIN_THINKING_BUDGET = 1024
 EFFORTS = ("low", "medium", "high", "xhigh", "max")
 
 KEYS = frozenset({"prompt", "messages", "system", "model", "maxTokens", "temperature", "thinking", "maxTurns",
-                  "maxTotalTurns", "tools", "outputSchema", "outputRetries", "session", "toolResultMaxBytes"})
+                  "maxTotalTurns", "tools", "outputSchema", "outputRetries", "session", "toolResultMaxBytes",
+                  "cache"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +45,7 @@ class AgentConfig:
     output_retries: int = DEFAULT_OUTPUT_RETRIES
     session: str = "continue"
     tool_result_max_bytes: int = DEFAULT_TOOL_RESULT_MAX_BYTES
+    cache: bool = True  # mark the stable prefix for prompt caching (``caching.py``)
 
 
 def _binding(value: Any) -> bool:
@@ -155,6 +158,10 @@ def check_input(data: Any, path: str, problems: list[Problem]) -> None:
     if tools is not None and not _binding(tools) and (
             not isinstance(tools, list) or not all(isinstance(t, str) for t in tools)):
         problems.append(Problem(f"{path}.tools", "must be a list of tool names from the tool registry"))
+    cache = data.get("cache")
+    if cache is not None and not _binding(cache) and not isinstance(cache, bool):
+        problems.append(Problem(f"{path}.cache", "must be true (mark the stable prefix for prompt caching, the "
+                                                 "default) or false"))
     session = data.get("session")
     if session is not None and not _binding(session) and session not in ("continue", "fresh"):
         problems.append(Problem(f"{path}.session", "must be \"continue\" or \"fresh\""))
@@ -189,6 +196,7 @@ def parse_config(data: Any, node_id: str, services: dict[str, Any]) -> AgentConf
         session=data.get("session", "continue"),
         tool_result_max_bytes=data.get("toolResultMaxBytes",
                                        services.get("tool_result_max_bytes", DEFAULT_TOOL_RESULT_MAX_BYTES)),
+        cache=data.get("cache", True),
     )
 
 
@@ -220,4 +228,4 @@ def build_request(cfg: AgentConfig, messages: list[dict[str, Any]],
             req["output_config"] = {"effort": cfg.effort}
     elif cfg.thinking_budget is not None:
         req["thinking"] = {"type": "enabled", "budget_tokens": cfg.thinking_budget}
-    return req
+    return mark_cache_breakpoints(req) if cfg.cache else req
