@@ -164,7 +164,7 @@ class MemoryStore:
 
     def add_agent_message(self, row: dict[str, Any]) -> int:
         with self._lock:
-            row = {**row, "id": len(self._messages) + 1}
+            row = {"modelCall": None, **row, "id": len(self._messages) + 1}
             self._messages.append(row)
             return int(row["id"])
 

@@ -21,9 +21,10 @@ from flowkernel.events import USAGE_KEYS
 from flowkernel.ids import now_ms
 from flowkernel.store.base import CommandRow, EventRow, RunRecord, RunTotals
 
-SCHEMA_VERSION = 5  # 2: content-addressed checkpoint blobs; 3: events keyed by run number and seq;
+SCHEMA_VERSION = 6  # 2: content-addressed checkpoint blobs; 3: events keyed by run number and seq;
 # 4: an event row is its key, its time and its body (the rest was in the body already);
-# 5: a run's usage and cost, idempotency keys, agent runs, indexes for keyset pages
+# 5: a run's usage and cost, idempotency keys, agent runs, indexes for keyset pages;
+# 6: an assistant message keeps the model call that produced it (model, id, stop reason, usage)
 
 # An event's key is ``run_no * RUN_SPAN + seq``: one integer key, so the log is a single b-tree that
 # grows at its right edge (no secondary index to keep balanced on every commit).
@@ -84,7 +85,7 @@ SCHEMA_TEMPLATE = [
     """CREATE TABLE IF NOT EXISTS agent_messages (
         id {id}, flow_run_id TEXT NOT NULL, run_id TEXT NOT NULL,
         node_id TEXT NOT NULL, session_id TEXT NOT NULL, role TEXT NOT NULL, content TEXT NOT NULL,
-        step INTEGER NOT NULL, created_at BIGINT NOT NULL)""",
+        step INTEGER NOT NULL, created_at BIGINT NOT NULL, model_call TEXT)""",
     "CREATE INDEX IF NOT EXISTS agent_messages_session ON agent_messages (session_id, id)",
     "CREATE INDEX IF NOT EXISTS agent_messages_run ON agent_messages (run_id, id)",
     """CREATE TABLE IF NOT EXISTS agent_tool_calls (
@@ -103,7 +104,7 @@ def schema(*, id: str, key: str, body: str) -> list[str]:
     return [stmt.replace("{id}", id).replace("{key}", key).replace("{body}", body) for stmt in SCHEMA_TEMPLATE]
 
 
-def migrations(*, key: str, body: str) -> dict[int, list[str]]:
+def migrations(*, id: str, key: str, body: str) -> dict[int, list[str]]:
     """Statements that bring a database of schema version N (the dict key) to N + 1."""
     return {
         1: [],  # version 2 only added the blobs table, which SCHEMA creates if missing
@@ -138,6 +139,14 @@ def migrations(*, key: str, body: str) -> dict[int, list[str]]:
             "ALTER TABLE runs ADD COLUMN cost_usd DOUBLE PRECISION NOT NULL DEFAULT 0",
             "ALTER TABLE runs ADD COLUMN idempotency_key TEXT",
         ],
+        5: [
+            # A database from before agent conversations were stored has no table to alter yet.
+            f"""CREATE TABLE IF NOT EXISTS agent_messages (
+                id {id}, flow_run_id TEXT NOT NULL, run_id TEXT NOT NULL,
+                node_id TEXT NOT NULL, session_id TEXT NOT NULL, role TEXT NOT NULL, content TEXT NOT NULL,
+                step INTEGER NOT NULL, created_at BIGINT NOT NULL)""",
+            "ALTER TABLE agent_messages ADD COLUMN model_call TEXT",
+        ],
     }
 
 
@@ -154,7 +163,7 @@ _RUN_SELECT = (
     f"(SELECT e.ts {_LAST_EVENT}), error, "
     "parent_run_id, parent_node_run_id, forked_from, forked_at, flow_source, lease_owner, lease_expires_at, "
     f"idempotency_key, run_no, {', '.join(_USAGE_COLUMNS)}")
-_MESSAGE_COLUMNS = "id, flow_run_id, run_id, node_id, session_id, role, content, step, created_at"
+_MESSAGE_COLUMNS = "id, flow_run_id, run_id, node_id, session_id, role, content, step, created_at, model_call"
 _TOOL_CALL_COLUMNS = ("id, flow_run_id, run_id, node_id, session_id, message_id, tool_name, tool_use_id, input, "
                       "output, status, duration_ms, step, created_at")
 
@@ -173,7 +182,8 @@ def _usage(values: Sequence[Any]) -> dict[str, int]:
 
 def _message(r: Sequence[Any]) -> dict[str, Any]:
     return {"id": r[0], "flowRunId": r[1], "runId": r[2], "nodeId": r[3], "sessionId": r[4], "role": r[5],
-            "content": json.loads(r[6]), "step": r[7], "createdAt": r[8]}
+            "content": json.loads(r[6]), "step": r[7], "createdAt": r[8],
+            "modelCall": json.loads(r[9]) if r[9] else None}
 
 
 def _tool_call(r: Sequence[Any]) -> dict[str, Any]:
@@ -230,8 +240,8 @@ class SqlStore(ABC):
     _sql_lease_release: ClassVar[str] = ("UPDATE runs SET lease_owner = NULL, lease_expires_at = NULL "
                                          "WHERE run_id = ? AND lease_owner = ?")
     _sql_insert_message: ClassVar[str] = (
-        "INSERT INTO agent_messages (flow_run_id, run_id, node_id, session_id, role, content, step, created_at) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?, ?) RETURNING id")
+        "INSERT INTO agent_messages (flow_run_id, run_id, node_id, session_id, role, content, step, created_at, "
+        "model_call) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id")
     _sql_insert_tool_call: ClassVar[str] = (
         "INSERT INTO agent_tool_calls (flow_run_id, run_id, node_id, session_id, message_id, tool_name, "
         "tool_use_id, input, output, status, duration_ms, step, created_at) "
@@ -503,7 +513,8 @@ class SqlStore(ABC):
             got = db.execute(
                 self._sql_insert_message,
                 (row["flowRunId"], row["runId"], row["nodeId"], row["sessionId"], row["role"],
-                 json.dumps(row["content"]), row["step"], row.get("createdAt") or now_ms())).fetchone()
+                 json.dumps(row["content"]), row["step"], row.get("createdAt") or now_ms(),
+                 json.dumps(row["modelCall"]) if row.get("modelCall") is not None else None)).fetchone()
             return int(got[0]) if got else 0
 
     def list_agent_messages(self, *, run_id: str | None = None, session_id: str | None = None,

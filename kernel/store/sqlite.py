@@ -20,7 +20,7 @@ from flowkernel.store.sql import SCHEMA_VERSION, SqlStore, migrations, schema
 __all__ = ["SCHEMA", "SCHEMA_VERSION", "SqliteStore"]
 
 SCHEMA = schema(id="INTEGER PRIMARY KEY AUTOINCREMENT", key="INTEGER PRIMARY KEY", body="TEXT")
-MIGRATIONS = migrations(key="INTEGER PRIMARY KEY", body="TEXT")
+MIGRATIONS = migrations(id="INTEGER PRIMARY KEY AUTOINCREMENT", key="INTEGER PRIMARY KEY", body="TEXT")
 
 
 class SqliteStore(SqlStore):

@@ -216,11 +216,12 @@ class _Execution:
             model, usage = last.get("model") or cfg.model, last.get("usage") or {}
             call_cost = self.tally.add(model, usage)
             content = last.get("content") or []
-            message_id = transcript.add("assistant", content, step)
-            # The run's cost moves with every call, not only when the agent finishes.
-            ctx.emit(AgentUsage(model=model, usage={k: int(usage.get(k, 0)) for k in USAGE_KEYS},
-                                costUsd=round(call_cost, 10)))
             stop = last.get("stopReason")
+            call_usage = {k: int(usage.get(k, 0)) for k in USAGE_KEYS}
+            message_id = transcript.add("assistant", content, step, {"model": model, "id": last.get("id"),
+                                                                     "stopReason": stop, "usage": call_usage})
+            # The run's cost moves with every call, not only when the agent finishes.
+            ctx.emit(AgentUsage(model=model, usage=call_usage, costUsd=round(call_cost, 10)))
             if stop == "tool_use":
                 await self._run_tools(transcript, content, message_id, step)
                 continue

@@ -77,12 +77,13 @@ class Transcript:
             return []
         return [b for b in content if isinstance(b, dict) and b.get("type") == "tool_use"]
 
-    def add(self, role: str, content: Any, step: int) -> int | None:
-        """Append a message to the conversation and store it; the row id, or None if storing failed."""
+    def add(self, role: str, content: Any, step: int, model_call: dict[str, Any] | None = None) -> int | None:
+        """Append a message to the conversation and store it; the row id, or None if storing failed.
+        An assistant message keeps ``model_call``: the model, id, stop reason and usage of its call."""
         if role != "system":
             self.messages.append({"role": role, "content": content})
         return self.write("message", self.ctx.store.add_agent_message, {"role": role, "content": content,
-                                                                          "step": step})
+                                                                          "step": step, "modelCall": model_call})
 
     def add_tool_call(self, row: dict[str, Any]) -> int | None:
         return self.write("tool call", self.ctx.store.add_tool_call, row)
