@@ -23,7 +23,7 @@ from flowkernel.tools import tool
 
 from tests.claude_support import agent_flow, make_kernel
 
-SONNET = DEFAULT_PRICES["claude-sonnet-4-5"]
+SONNET = DEFAULT_PRICES["claude-sonnet-4-6"]
 
 
 @pytest.fixture
@@ -48,7 +48,7 @@ def test_every_model_call_is_counted_in_the_run_as_it_happens(tmp_path: Path, fa
                       cache_creation_input_tokens=1000),
                 reply(Text("done"), input_tokens=30, output_tokens=5, cache_read_input_tokens=1000))
     kernel = make_kernel(tmp_path, fake, registry=registry)
-    snap = anyio.run(kernel.run, kernel.compile(agent_flow(prompt="go", tools=["lookup"], model="claude-sonnet-4-5")),
+    snap = anyio.run(kernel.run, kernel.compile(agent_flow(prompt="go", tools=["lookup"], model="claude-sonnet-4-6")),
                      {})
     assert snap.status == "completed"
     calls = [e for e in kernel.events(snap.runId) if isinstance(e, AgentUsage)]
@@ -72,20 +72,20 @@ def test_a_failed_agent_still_costs_what_its_calls_cost(tmp_path: Path, fake: Fa
                 reply(Text("still not json"), input_tokens=60, output_tokens=10))
     kernel = make_kernel(tmp_path, fake)
     flow = agent_flow(prompt="answer in JSON", outputSchema={"type": "object"}, outputRetries=1,
-                      model="claude-sonnet-4-5")
+                      model="claude-sonnet-4-6")
     snap = anyio.run(kernel.run, kernel.compile(flow), {})
     assert snap.status == "failed"
     assert snap.usage == _usage(110, 20)
     assert kernel.summary(snap.runId).totalCostUsd == pytest.approx(
-        cost_usd(_usage(110, 20), DEFAULT_PRICES["claude-sonnet-4-5"]), abs=1e-9)
+        cost_usd(_usage(110, 20), DEFAULT_PRICES["claude-sonnet-4-6"]), abs=1e-9)
 
 
 def test_child_runs_add_up_in_their_parent(tmp_path: Path, fake: FakeAnthropic) -> None:
     child = {"name": "child", "nodes": [{"id": "inner", "type": "claude.agent",
-                                              "input": {"prompt": "inner", "model": "claude-sonnet-4-5"}}]}
+                                              "input": {"prompt": "inner", "model": "claude-sonnet-4-6"}}]}
     (tmp_path / "child.json").write_text(json.dumps(child))
     parent = {"name": "parent", "nodes": [
-        {"id": "outer", "type": "claude.agent", "input": {"prompt": "outer", "model": "claude-sonnet-4-5"}},
+        {"id": "outer", "type": "claude.agent", "input": {"prompt": "outer", "model": "claude-sonnet-4-6"}},
         {"id": "call", "type": "flow.call", "input": {"flow": "child.json"}}],
         "edges": [{"from": "outer", "to": "call"}]}
     (tmp_path / "parent.json").write_text(json.dumps(parent))
@@ -111,7 +111,7 @@ def test_child_runs_add_up_in_their_parent(tmp_path: Path, fake: FakeAnthropic) 
 def test_runs_and_show_print_the_cost(tmp_path: Path, fake: FakeAnthropic, clean_env: dict[str, str]) -> None:
     fake.script(reply(Text("hi"), input_tokens=100_000, output_tokens=0))
     kernel = make_kernel(tmp_path, fake)
-    snap = anyio.run(kernel.run, kernel.compile(agent_flow(prompt="hi", model="claude-sonnet-4-5")), {})
+    snap = anyio.run(kernel.run, kernel.compile(agent_flow(prompt="hi", model="claude-sonnet-4-6")), {})
     kernel.close()
     db = str(tmp_path / "runs.db")
 
