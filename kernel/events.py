@@ -56,17 +56,30 @@ class FlowComplete(BaseEvent, tag="flow:complete"):
 
 # --- nodes ---------------------------------------------------------------------------------
 
+# ``attempt`` and ``durationMs`` are always written (DESIGN §4), though ``omit_defaults`` leaves out
+# fields equal to their default: their defaults are values that never occur (0, -1), and
+# ``__post_init__`` (which also runs on decoding) turns them into what an event that omits them
+# meant before they were always written: attempt 1, 0 ms.
+
 class NodeStart(BaseEvent, tag="node:start"):
-    attempt: int = 1
+    attempt: int = 0
     input: Any = None
     item: int | None = None
     resumedFrom: str | None = None
 
+    def __post_init__(self) -> None:
+        if self.attempt == 0:
+            self.attempt = 1
+
 
 class NodeComplete(BaseEvent, tag="node:complete"):
     output: Any = None
-    durationMs: int = 0
+    durationMs: int = -1
     item: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.durationMs < 0:
+            self.durationMs = 0
 
 
 class NodeError(BaseEvent, tag="node:error"):

@@ -7,7 +7,7 @@ from typing import Any
 from flowkernel.context import NodeContext
 from flowkernel.errors import ExpressionError, NodeFailure, Problem
 from flowkernel.expressions import Expr, compile_expr, strip_braces
-from flowkernel.state_ops import OPS, get_path
+from flowkernel.state_ops import OPS
 
 
 class NoopNode:
@@ -60,7 +60,12 @@ class TransformNode:
 
 
 class StateSetNode:
-    """Changes the run's state at ``path`` with ``op`` (set, merge, append); outputs the new value."""
+    """Changes the run's state at ``path`` with ``op`` (set, merge, append); outputs the value it wrote
+    (``set``: the value; ``merge``: the object merged in; ``append``: the item appended).
+
+    Never the whole value at ``path``: appending in a loop would then cost the whole list in every
+    output, event and snapshot. A flow that wants the result binds ``state.<path>``.
+    """
 
     name = "state.set"
 
@@ -82,4 +87,6 @@ class StateSetNode:
         op = str(data.get("op", "set"))
         if not isinstance(path, str):
             raise NodeFailure("state.set needs a dotted `path` string", "invalid_input")
-        return get_path(ctx.patch_state(op, path, data.get("value")), path)
+        value = data.get("value")
+        ctx.patch_state(op, path, value)
+        return value

@@ -254,7 +254,8 @@ def test_state_set_ops_emit_state_patches() -> None:
     assert snap.state == {"log": ["x"], "a": {"b": 1, "c": 2}}
     patches = [(e.op, e.path) for e in events if e.type == "state:patch"]
     assert patches == [("set", "a.b"), ("merge", "a"), ("append", "log")]
-    assert snap.outputs["s2"] == {"b": 1, "c": 2}
+    # Each outputs what it wrote, never the whole value at its path.
+    assert (snap.outputs["s1"], snap.outputs["s2"], snap.outputs["s3"]) == (1, {"c": 2}, "x")
 
 
 def test_python_function_must_be_registered() -> None:
