@@ -184,6 +184,8 @@ class Kernel:
 
     def snapshot(self, run_id: str, at: int | None = None) -> RunSnapshot:
         """The run's snapshot now, or as it was right after event ``at``."""
+        if at is not None:
+            self.check_seq(run_id, at)
         flow = self.flow_of(run_id)
         checkpoint = load_checkpoint(self.store, run_id, at_most=at)
         if checkpoint is None:
@@ -191,7 +193,15 @@ class Kernel:
         seq, snap = checkpoint
         return fold(flow, self.events(run_id, after=seq, until=at), snap)
 
+    def check_seq(self, run_id: str, at: int) -> None:
+        """Raise InvalidInputError unless ``at`` is the seq of one of the run's events."""
+        last = self.store.get_run(run_id).seq
+        if not 1 <= at <= last:
+            raise InvalidInputError(f"run {run_id}: there is no event {at}; its events are 1 to {last}")
+
     def events(self, run_id: str, after: int = 0, until: int | None = None) -> list[Event]:
+        if after < 0:
+            raise InvalidInputError(f"run {run_id}: events after {after}: the first event is 1 (after 0)")
         return [decode(b) for b in self.store.read_events(run_id, after=after, until=until)]
 
     def event_page(self, run_id: str, *, after: int = 0, types: frozenset[str] | None = None,

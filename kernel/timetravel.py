@@ -222,9 +222,8 @@ def create_fork(kernel: Kernel, run_id: str, at: int, *, input: dict[str, Any] |
     ``input`` replaces keys of the run input from here on (nodes already finished keep their outputs).
     Agent conversations are copied as they stood at ``at``, so agents continue where they were.
     """
+    kernel.check_seq(run_id, at)
     record = kernel.store.get_run(run_id)
-    if not 1 <= at <= record.seq:
-        raise InvalidInputError(f"fork {run_id} --at {at}: SEQ must be between 1 and {record.seq} (the run's last event)")
     flow = kernel.flow_of(run_id)
     events = kernel.events(run_id, until=at)
     value = record.input

@@ -13,7 +13,7 @@ import sys
 from typing import Any
 
 from flowkernel.cli import control, examples, flows, inspect, record, serve, timetravel
-from flowkernel.cli.session import EXIT_FAILED, EXIT_INVALID, EXIT_OK, EXIT_STOPPED
+from flowkernel.cli.session import EXIT_FAILED, EXIT_INVALID, EXIT_OK, EXIT_STOPPED, stdout_closed
 
 __all__ = ["EXIT_FAILED", "EXIT_INVALID", "EXIT_OK", "EXIT_STOPPED", "main"]
 
@@ -62,10 +62,15 @@ def main(argv: list[str] | None = None) -> int:
         default_registry()
         load_plugins(plugins)
         code: int = args.handler(args)
+        sys.stdout.flush()  # here, where a closed pipe is caught, not at exit
         return code
     except FlowkernelError as exc:
         print(f"flowkernel: {exc}", file=sys.stderr)
         return exc.exit_code
+    except BrokenPipeError:
+        # The reader went away (`flowkernel runs | head -1`): what it read was all it wanted.
+        stdout_closed()
+        return EXIT_OK
     except KeyboardInterrupt:
         print("flowkernel: interrupted; `flowkernel resume RUN` continues the run", file=sys.stderr)
         return EXIT_FAILED

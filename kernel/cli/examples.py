@@ -8,7 +8,7 @@ import shlex
 import sys
 from typing import Any
 
-from flowkernel.cli.session import EXIT_OK, _stdout_closed, add_json
+from flowkernel.cli.session import EXIT_OK, add_json, stdout_closed
 
 
 def add_parsers(sub: Any) -> None:
@@ -58,4 +58,4 @@ def _print(lines: list[str]) -> None:
         sys.stdout.write("".join(f"{line}\n" for line in lines))
         sys.stdout.flush()
     except BrokenPipeError:  # `| head`: the reader has what it wanted
-        _stdout_closed()
+        stdout_closed()

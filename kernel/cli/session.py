@@ -59,7 +59,7 @@ def printer(args: argparse.Namespace) -> Any:
                 sys.stdout.write(encode(ev).decode() + "\n")
                 sys.stdout.flush()
             except BrokenPipeError:
-                _stdout_closed()
+                stdout_closed()
         return emit
     from flowkernel.render import LiveView
 
@@ -69,11 +69,11 @@ def printer(args: argparse.Namespace) -> Any:
         try:
             view(ev)
         except BrokenPipeError:
-            _stdout_closed()
+            stdout_closed()
     return show
 
 
-def _stdout_closed() -> None:
+def stdout_closed() -> None:
     """The reader went away (``| head``): stop printing, keep the run going, exit quietly."""
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, sys.stdout.fileno())
