@@ -505,7 +505,7 @@ class Kernel:
                     break
                 await anyio.sleep(COMMAND_POLL_S)
         for ev in reversed(self.events(run_id)):
-            if isinstance(ev, CommandReceived) and ev.command == cmd.kind and ev.target == cmd.target:
+            if isinstance(ev, CommandReceived) and ev.commandId == str(cid):
                 return _raise_if_refused(CommandOutcome(ev.accepted, ev, ev.reason, invalid=ev.refusal == "invalid"))
         raise StoreError(f"run {run_id}: command {cmd.kind} was taken but its record is missing")
 

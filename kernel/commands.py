@@ -1,12 +1,19 @@
 """Commands (DESIGN §6): who may do what to a run, decided from its snapshot alone.
 
 ``judge_command`` is pure: it returns the ``command:received`` record (accepted or not, with the
-reason) that the shell appends. A refused command changes nothing else.
+reason) that the shell appends. A refused command changes nothing else, and its record keeps only a
+bounded preview of what it carried and its size: a refusal must not cost what the message weighs,
+and what was refused (text that is not UTF-8, say) may not even be storable.
+
+``send`` and ``reply`` name their node run by id (``nr_…``) or by node id when exactly one node run
+of that node can take the command; the accepted record names the node run. A ``send`` to a
+``human.input`` node run is its reply: that node takes nothing else.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,6 +22,9 @@ from flowkernel.events import CommandReceived
 from flowkernel.snapshot import RunSnapshot
 
 KINDS = ("send", "reply", "resume", "pause", "abort", "retry")
+PREVIEW_CHARS = 200  # of a refused command's content, in its record
+_JSON_SCALARS = (str, int, float, bool, type(None))
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,7 +38,10 @@ class Command:
         return {"kind": self.kind, "target": self.target, "content": self.content, "reason": self.reason}
 
     @staticmethod
-    def from_json(body: dict[str, Any]) -> Command:
+    def from_json(body: Any) -> Command:
+        """The command stored in a queue row; whatever the row holds, a Command the judge can refuse."""
+        if not isinstance(body, dict):
+            return Command(kind=f"<not a command: {type(body).__name__}>")
         return Command(kind=str(body.get("kind")), target=body.get("target"), content=body.get("content"),
                        reason=body.get("reason"))
 
@@ -56,38 +69,143 @@ def live_node_runs(snap: RunSnapshot) -> dict[str, str]:
     return live
 
 
+def _storable(text: str) -> str:
+    """``text`` with what cannot be stored as UTF-8 (lone surrogates, as undecodable bytes become) as U+FFFD."""
+    if _SURROGATE.search(text) is None:
+        return text
+    return _SURROGATE.sub("\ufffd", text)
+
+
+def _size(value: Any) -> int:
+    """Bytes of ``value`` as it would be stored (UTF-8 text, or JSON)."""
+    if isinstance(value, str):
+        try:
+            return len(value.encode("utf-8", "surrogateescape"))  # undecodable bytes count as the bytes they were
+        except UnicodeEncodeError:
+            return len(value.encode("utf-8", "replace"))
+    try:
+        return len(json.dumps(value, ensure_ascii=False).encode("utf-8", "replace"))
+    except (TypeError, ValueError):
+        return len(repr(value).encode("utf-8", "replace"))
+
+
+def _preview(value: Any) -> str:
+    if isinstance(value, str):
+        text = value
+    else:
+        try:
+            text = json.dumps(value, ensure_ascii=False)
+        except (TypeError, ValueError):
+            text = repr(value)
+    text = text if len(text) <= PREVIEW_CHARS else text[: PREVIEW_CHARS - 1] + "…"
+    return _storable(text)
+
+
 def _reject(cmd: Command, reason: str, *, invalid: bool = False) -> CommandOutcome:
-    record = CommandReceived(command=cmd.kind, accepted=False, reason=reason, target=cmd.target, content=cmd.content,
-                             refusal="invalid" if invalid else "conflict")
-    return CommandOutcome(False, record, reason, invalid)
+    target = cmd.target if isinstance(cmd.target, str) or cmd.target is None else repr(cmd.target)
+    preview = size = None
+    if cmd.content is not None:
+        preview, size = _preview(cmd.content), _size(cmd.content)
+    record = CommandReceived(command=_storable(cmd.kind), accepted=False, reason=_storable(reason),
+                             target=None if target is None else _storable(target)[:PREVIEW_CHARS],
+                             contentPreview=preview, contentBytes=size, refusal="invalid" if invalid else "conflict")
+    return CommandOutcome(False, record, record.reason, invalid)
 
 
-def _accept(cmd: Command, content: Any = None) -> CommandOutcome:
-    return CommandOutcome(True, CommandReceived(command=cmd.kind, accepted=True, target=cmd.target,
+def refusal(cmd: Command, reason: str, *, invalid: bool = False) -> CommandOutcome:
+    """The outcome of refusing ``cmd`` for ``reason``: its record holds a preview of the content, not the content."""
+    return _reject(cmd, reason, invalid=invalid)
+
+
+def _accept(cmd: Command, content: Any = None, target: str | None = None) -> CommandOutcome:
+    return CommandOutcome(True, CommandReceived(command=cmd.kind, accepted=True, target=target or cmd.target,
                                                 content=cmd.content if content is None else content))
+
+
+def _not_storable(value: Any, what: str) -> str | None:
+    """Why ``value`` cannot travel in a command (text that is not UTF-8, something that is not JSON), or None."""
+    stack: list[tuple[Any, str]] = [(value, what)]
+    while stack:
+        item, where = stack.pop()
+        if isinstance(item, str):
+            bad = _SURROGATE.search(item)
+            if bad is not None:
+                i, c = bad.start(), ord(bad.group())
+                # Undecodable bytes arrive as U+DC80..U+DCFF (surrogateescape): name the byte.
+                byte = f"byte 0x{c - 0xDC00:02x}" if 0xDC80 <= c <= 0xDCFF else f"lone surrogate U+{c:04X}"
+                return f"{where} is not valid UTF-8 text ({byte} at character {i}); send UTF-8 text"
+        elif isinstance(item, dict):
+            for k, v in item.items():
+                if not isinstance(k, str):
+                    return f"{where} is not JSON (an object key {k!r} is not a string)"
+                stack.append((k, f"{where} (a key)"))
+                stack.append((v, f"{where}.{k}" if k.isidentifier() else f"{where}[{k!r}]"))
+        elif isinstance(item, list | tuple):
+            stack.extend((v, f"{where}[{i}]") for i, v in enumerate(item))
+        elif not isinstance(item, _JSON_SCALARS):
+            return f"{where} is not JSON (a {type(item).__name__})"
+    return None
+
+
+def _resolve_target(snap: RunSnapshot, flow: CompiledFlow, cmd: Command) -> tuple[str, str] | tuple[str, bool]:
+    """``(node run id, node id)`` the command is for, or ``(why there is none, whether the command is
+    wrong rather than the run's state)``. ``cmd.target`` names a node run, or a node that has exactly
+    one node run that can take ``cmd``."""
+    target = str(cmd.target)
+    live = live_node_runs(snap)
+    node = live.get(target)
+    if node is not None:
+        return target, node
+    if target in snap.nodeRuns.values():
+        return f"node run {target} of run {snap.runId} has finished", False
+    if target not in flow.nodes:
+        return f"{target} is not a live node run of run {snap.runId}, nor one of its nodes", True
+    if cmd.kind == "reply" or flow.nodes[target].type == "human.input":
+        w = snap.waiting.get(target)
+        candidates = [w.runId] if w is not None else []
+        able = "waiting for a reply"
+    else:
+        candidates = [r for r, n in live.items() if n == target]
+        able = "live"
+    if not candidates:
+        return f"node {target} of run {snap.runId} has no node run {able}", False
+    if len(candidates) > 1:
+        return (f"node {target} of run {snap.runId} has {len(candidates)} node runs {able} "
+                f"({', '.join(sorted(candidates))}); name one with --to NODE_RUN_ID"), True
+    return candidates[0], target
 
 
 def judge_command(flow: CompiledFlow, snap: RunSnapshot, cmd: Command, *, executing: bool) -> CommandOutcome:
     """Accept or refuse ``cmd`` for the run in ``snap``. ``executing``: a live executor holds the run."""
     if cmd.kind not in KINDS:
-        return _reject(cmd, f"unknown command {cmd.kind!r}; use one of {', '.join(KINDS)}", invalid=True)
+        return _reject(cmd, f"unknown command {_storable(cmd.kind)!r}; use one of {', '.join(KINDS)}", invalid=True)
+    for value, what in ((cmd.content, "the message" if cmd.kind != "reply" else "the reply"),
+                        (cmd.target, "--to"), (cmd.reason, "the reason")):
+        problem = _not_storable(value, what)
+        if problem is not None:
+            return _reject(cmd, problem, invalid=True)
+    if cmd.target is not None and not isinstance(cmd.target, str):
+        return _reject(cmd, "--to must be a node run id (nr_…) or a node id", invalid=True)
     status = snap.status
     if cmd.kind in ("send", "reply"):
         if not cmd.target:
-            return _reject(cmd, f"{cmd.kind} needs the node runId it is for (--to NODE_RUN_ID); "
-                                f"`flowkernel show {snap.runId}` lists the live node runs", invalid=True)
+            return _reject(cmd, f"{cmd.kind} needs the node runId it is for (--to NODE_RUN_ID, or --to NODE_ID "
+                                f"when one node run of that node can take it); `flowkernel show {snap.runId}` "
+                                "lists the live node runs", invalid=True)
         if status in ("completed", "aborted"):
             return _reject(cmd, f"run {snap.runId} is {status}")
-        live = live_node_runs(snap)
-        node = live.get(cmd.target)
-        if node is None:
-            if cmd.target in snap.nodeRuns.values():
-                return _reject(cmd, f"node run {cmd.target} of run {snap.runId} has finished")
-            return _reject(cmd, f"{cmd.target} is not a live node run of run {snap.runId}", invalid=True)
-        if cmd.kind == "reply":
+        found = _resolve_target(snap, flow, cmd)
+        if isinstance(found[1], bool):
+            return _reject(cmd, found[0], invalid=found[1])
+        target, node = found
+        as_reply = cmd.kind == "reply" or flow.nodes[node].type == "human.input"
+        if as_reply:
             waiting = snap.waiting.get(node)
-            if waiting is None or waiting.runId != cmd.target:
-                return _reject(cmd, f"node run {cmd.target} ({node}) is not waiting for a reply; use send")
+            if waiting is None or waiting.runId != target:
+                if cmd.kind == "send":
+                    return _reject(cmd, f"node run {target} ({node}) is a human.input that is not waiting yet; "
+                                        "send its answer once it waits")
+                return _reject(cmd, f"node run {target} ({node}) is not waiting for a reply; use send")
             content = cmd.content
             if waiting.schema is not None:
                 import jsonschema
@@ -97,10 +215,10 @@ def judge_command(flow: CompiledFlow, snap: RunSnapshot, cmd: Command, *, execut
                     jsonschema.validate(content, waiting.schema)
                 except jsonschema.ValidationError as exc:
                     where = "/".join(str(p) for p in exc.absolute_path) or "the reply"
-                    return _reject(cmd, f"reply does not match the schema of {node}: {where}: {exc.message}",
+                    return _reject(cmd, f"{cmd.kind} does not match the schema of {node}: {where}: {exc.message}",
                                    invalid=True)
-            return _accept(cmd, content)
-        return _accept(cmd)
+            return _accept(cmd, content, target)
+        return _accept(cmd, target=target)
     if cmd.kind == "pause":
         if status != "running":
             return _reject(cmd, f"run {snap.runId} is {status}; only a running run can pause")

@@ -132,6 +132,9 @@ class StatePatch(BaseEvent, tag="state:patch"):
 
 
 class CommandReceived(BaseEvent, tag="command:received"):
+    """``content`` is what an accepted command delivers; a refused one keeps only ``contentPreview``
+    (its first characters) and ``contentBytes`` (its size)."""
+
     command: str
     accepted: bool
     reason: str | None = None
@@ -140,7 +143,9 @@ class CommandReceived(BaseEvent, tag="command:received"):
     refusal: str | None = None
     target: str | None = None
     content: Any = None
-    commandId: str | None = None
+    commandId: str | None = None  # the store's id of a command that came through its queue
+    contentPreview: str | None = None
+    contentBytes: int | None = None
 
 
 class InboxConsumed(BaseEvent, tag="inbox:consumed"):

@@ -191,7 +191,7 @@ def _node_skipped(flow: CompiledFlow, s: RunSnapshot, ev: NodeSkipped, o: bool) 
 
 def _node_waiting(flow: CompiledFlow, s: RunSnapshot, ev: NodeWaiting, o: bool) -> tuple[RunSnapshot, frozenset[str]]:
     n = ev.nodeId or ""
-    w = Waiting(runId=ev.runId or "", prompt=ev.prompt, schema=ev.schema)
+    w = Waiting(runId=ev.runId or "", prompt=ev.prompt, schema=ev.schema, since=ev.cause or 0)
     return replace(s, seq=ev.seq, nodeStatus=_set(o, s.nodeStatus, n, "waiting"),
                    waiting=_set(o, s.waiting, n, w)), frozenset({n})
 

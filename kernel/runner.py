@@ -20,7 +20,7 @@ import anyio.lowlevel
 import msgspec
 from anyio.abc import TaskGroup
 from flowkernel.checkpoint import encode_checkpoint
-from flowkernel.commands import Command, CommandOutcome, judge_command
+from flowkernel.commands import Command, CommandOutcome, judge_command, refusal
 from flowkernel.compiler import CompiledFlow
 from flowkernel.context import NodeContext
 from flowkernel.errors import FlowkernelError, NodeFailure, StoreError
@@ -266,8 +266,19 @@ class RunExecution:
         return (n, item)
 
     def _handle_command(self, msg: _Incoming) -> None:
-        outcome = judge_command(self.flow, self.snap, msg.command, executing=True)
-        received = self._append(outcome.record)
+        try:
+            outcome = judge_command(self.flow, self.snap, msg.command, executing=True)
+            if msg.command_id is not None:
+                outcome.record.commandId = str(msg.command_id)
+            received = self._append(outcome.record)
+        except Exception as exc:
+            # Whatever a command holds, it must not stop the run (nor, left queued, the next executor):
+            # it is refused, with what went wrong, and taken off the queue like any other.
+            outcome = refusal(msg.command, f"the command could not be handled: {type(exc).__name__}: {exc}",
+                              invalid=True)
+            if msg.command_id is not None:
+                outcome.record.commandId = str(msg.command_id)
+            received = self._append(outcome.record)
         if msg.command_id is not None:
             self._finished_commands.append((msg.command_id, received.seq))
         if outcome.accepted:
@@ -507,7 +518,7 @@ class RunExecution:
         policy = node.policy
         max_attempts = policy.retry.maxAttempts if policy.retry else 1
         backoff_ms = policy.retry.backoffMs if policy.retry else 0
-        attempt, run_id = start.attempt, start.runId or ""
+        attempt, run_id, start_seq = start.attempt, start.runId or "", start.seq
         while True:
             ctx = NodeContext(self, node_id=node.id, run_id=run_id, flow_run_id=self.snap.runId, attempt=attempt,
                               input=start.input, item=start.item, resumed_from=start.resumedFrom)
@@ -528,14 +539,19 @@ class RunExecution:
                 await anyio.sleep(backoff_ms * (2 ** (attempt - 1)) / 1000)
                 attempt += 1
                 run_id = new_node_run_id()
-                await self.submit_durable(NodeStart(nodeId=node.id, runId=run_id, attempt=attempt,
-                                                    input=start.input, item=start.item))
+                again = NodeStart(nodeId=node.id, runId=run_id, attempt=attempt, input=start.input, item=start.item)
+                await self.submit_durable(again)
+                start_seq = again.seq
                 continue
             duration = int((time.monotonic() - began) * 1000)
             if isinstance(result, Interrupted):
                 self._put(_Finished(node.id, start.item))
             elif isinstance(result, WaitFor):
-                self.submit(NodeWaiting(nodeId=node.id, runId=run_id, prompt=result.prompt, schema=result.schema))
+                # ``cause``: the node:start of the run that now waits. It saw its inbox as of then, so
+                # only messages that came after wake it again (a node type that waits on, ignoring a
+                # message, must not be restarted for it forever).
+                self.submit(NodeWaiting(nodeId=node.id, runId=run_id, prompt=result.prompt, schema=result.schema,
+                                        cause=start_seq))
             else:
                 self.submit(NodeComplete(nodeId=node.id, runId=run_id, item=start.item, output=result,
                                          durationMs=duration))

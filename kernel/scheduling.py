@@ -121,7 +121,7 @@ def decide(flow: CompiledFlow, snap: RunSnapshot, candidates: Iterable[str], run
             capacity -= _advance_for_each(flow, snap, node, ctx.get(), capacity, decision)
         elif st == "waiting":
             w = snap.waiting.get(n)
-            if w is not None and snap.inbox.get(w.runId):
+            if w is not None and any(m.seq > w.since for m in snap.inbox.get(w.runId, ())):
                 if capacity <= 0:
                     decision.deferred.add(n)
                     continue

@@ -30,6 +30,7 @@ class Waiting(msgspec.Struct, kw_only=True, omit_defaults=True):
     runId: str
     prompt: Any = None
     schema: dict[str, Any] | None = None
+    since: int = 0  # inbox messages up to this seq were there when the node run started: they do not wake it
 
 
 class RunSnapshot(msgspec.Struct, kw_only=True):

@@ -12,7 +12,7 @@ from flowkernel.node import WaitFor, check_json_schema
 class HumanInputNode:
     """Input ``{"prompt": ..., "schema"?: JSON Schema}``. The run goes ``waiting`` until
     ``flowkernel reply RUN --to NODE_RUN_ID ANSWER``; the reply (validated against ``schema`` when
-    the command is accepted) is the node's output."""
+    the command is accepted) is the node's output. A ``send`` to it is judged and taken as its reply."""
 
     name = "human.input"
 
@@ -26,7 +26,7 @@ class HumanInputNode:
     async def run(self, ctx: NodeContext) -> Any:
         data = ctx.input if isinstance(ctx.input, dict) else {}
         for message in ctx.inbox():
-            if message.kind == "reply":
+            if message.kind in ("reply", "send"):
                 return message.content
         schema = data.get("schema")
         return WaitFor(prompt=data.get("prompt"), schema=schema if isinstance(schema, dict) else None)

@@ -142,7 +142,7 @@ class MemoryStore:
 
     def finish_command(self, command_id: int, seq: int) -> None:
         row, _ = self._commands[command_id]
-        self._commands[command_id] = (row, seq)
+        self._commands[command_id] = (replace(row, body={}), seq)  # its record is in the log now
 
     def change_token(self) -> int:
         return self._version

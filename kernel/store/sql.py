@@ -234,7 +234,8 @@ class SqlStore(ABC):
                                           "RETURNING id")
     _sql_pending_commands: ClassVar[str] = ("SELECT id, run_id, body, created_at FROM commands "
                                             "WHERE run_id = ? AND taken_seq IS NULL ORDER BY id")
-    _sql_finish_command: ClassVar[str] = "UPDATE commands SET taken_seq = ? WHERE id = ?"
+    # Taken: its record is in the log now (a refused one with a preview only), so the body can go.
+    _sql_finish_command: ClassVar[str] = "UPDATE commands SET taken_seq = ?, body = '{}' WHERE id = ?"
     _sql_lease_select: ClassVar[str] = "SELECT lease_owner, lease_expires_at FROM runs WHERE run_id = ?"
     _sql_lease_take: ClassVar[str] = "UPDATE runs SET lease_owner = ?, lease_expires_at = ? WHERE run_id = ?"
     _sql_lease_release: ClassVar[str] = ("UPDATE runs SET lease_owner = NULL, lease_expires_at = NULL "
