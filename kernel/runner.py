@@ -19,6 +19,7 @@ import anyio
 import anyio.lowlevel
 import msgspec
 from anyio.abc import TaskGroup
+from flowkernel import telemetry
 from flowkernel.checkpoint import encode_checkpoint
 from flowkernel.commands import Command, CommandOutcome, judge_command, refusal
 from flowkernel.compiler import CompiledFlow
@@ -187,8 +188,17 @@ class RunExecution:
         """Append ``first`` (e.g. ``flow:resumed``), then run until the run stops.
 
         ``background`` tasks (command polling, lease renewal) live in the run's task group and are
-        cancelled when it stops.
+        cancelled when it stops. Traced (``flowkernel.telemetry``) as one ``invoke_workflow`` span.
         """
+        with telemetry.run_execution(self._services, self.store, self.flow.name, self.snap.runId) as span:
+            snap = await self._execute(first, background)
+            span.set("flowkernel.run.status", snap.status)
+            if snap.status == "failed":
+                span.fail("run_failed", snap.error or "")
+        return snap
+
+    async def _execute(self, first: list[BaseEvent],
+                       background: list[Callable[[RunExecution], Coroutine[Any, Any, None]]] | None) -> RunSnapshot:
         async with anyio.create_task_group() as tg:
             self._tg = tg
             for task in background or []:
@@ -524,11 +534,12 @@ class RunExecution:
                               input=start.input, item=start.item, resumed_from=start.resumedFrom)
             began = time.monotonic()
             try:
-                if policy.timeoutMs:
-                    with anyio.fail_after(policy.timeoutMs / 1000):
+                with telemetry.node_span(node.id, node.type, run_id, attempt, start.item):
+                    if policy.timeoutMs:
+                        with anyio.fail_after(policy.timeoutMs / 1000):
+                            result = await node_type.run(ctx)
+                    else:
                         result = await node_type.run(ctx)
-                else:
-                    result = await node_type.run(ctx)
             except Exception as exc:
                 error_type, message = _describe(exc, policy.timeoutMs)
                 will_retry = attempt < max_attempts and not self._pause

@@ -28,6 +28,7 @@ class MemoryStore:
         self._version = 0
         self._blobs: dict[str, bytes] = {}
         self._messages: list[dict[str, Any]] = []
+        self._traces: dict[str, str] = {}
         self._tool_calls: list[dict[str, Any]] = []
 
     def put_flow(self, flow_hash: str, name: str, document: str) -> None:
@@ -155,6 +156,12 @@ class MemoryStore:
                 return rec.leaseOwner
             self._runs[run_id] = replace(rec, leaseOwner=owner, leaseExpiresAt=now_ms + ttl_ms)
             return None
+
+    def get_trace_context(self, run_id: str) -> str | None:
+        return self._traces.get(run_id)
+
+    def set_trace_context(self, run_id: str, trace_context: str) -> None:
+        self._traces.setdefault(run_id, trace_context)
 
     def release_lease(self, run_id: str, owner: str) -> None:
         with self._lock:

@@ -21,10 +21,11 @@ from flowkernel.events import USAGE_KEYS
 from flowkernel.ids import now_ms
 from flowkernel.store.base import CommandRow, EventRow, RunRecord, RunTotals
 
-SCHEMA_VERSION = 6  # 2: content-addressed checkpoint blobs; 3: events keyed by run number and seq;
+SCHEMA_VERSION = 7  # 2: content-addressed checkpoint blobs; 3: events keyed by run number and seq;
 # 4: an event row is its key, its time and its body (the rest was in the body already);
 # 5: a run's usage and cost, idempotency keys, agent runs, indexes for keyset pages;
-# 6: an assistant message keeps the model call that produced it (model, id, stop reason, usage)
+# 6: an assistant message keeps the model call that produced it (model, id, stop reason, usage);
+# 7: a run's trace context (run_traces), so every execution of a run is in one trace
 
 # An event's key is ``run_no * RUN_SPAN + seq``: one integer key, so the log is a single b-tree that
 # grows at its right edge (no secondary index to keep balanced on every commit).
@@ -82,6 +83,7 @@ SCHEMA_TEMPLATE = [
         id {id}, run_id TEXT NOT NULL, body TEXT NOT NULL,
         created_at BIGINT NOT NULL, taken_seq BIGINT)""",
     "CREATE INDEX IF NOT EXISTS commands_pending ON commands (run_id, taken_seq)",
+    "CREATE TABLE IF NOT EXISTS run_traces (run_id TEXT PRIMARY KEY, trace_context TEXT NOT NULL)",
     """CREATE TABLE IF NOT EXISTS agent_messages (
         id {id}, flow_run_id TEXT NOT NULL, run_id TEXT NOT NULL,
         node_id TEXT NOT NULL, session_id TEXT NOT NULL, role TEXT NOT NULL, content TEXT NOT NULL,
@@ -147,6 +149,7 @@ def migrations(*, id: str, key: str, body: str) -> dict[int, list[str]]:
                 step INTEGER NOT NULL, created_at BIGINT NOT NULL)""",
             "ALTER TABLE agent_messages ADD COLUMN model_call TEXT",
         ],
+        6: [],  # version 7 only added the run_traces table, which SCHEMA creates if missing
     }
 
 
@@ -240,6 +243,9 @@ class SqlStore(ABC):
     _sql_lease_take: ClassVar[str] = "UPDATE runs SET lease_owner = ?, lease_expires_at = ? WHERE run_id = ?"
     _sql_lease_release: ClassVar[str] = ("UPDATE runs SET lease_owner = NULL, lease_expires_at = NULL "
                                          "WHERE run_id = ? AND lease_owner = ?")
+    _sql_get_trace: ClassVar[str] = "SELECT trace_context FROM run_traces WHERE run_id = ?"
+    _sql_set_trace: ClassVar[str] = ("INSERT INTO run_traces (run_id, trace_context) VALUES (?, ?) "
+                                     "ON CONFLICT (run_id) DO NOTHING")
     _sql_insert_message: ClassVar[str] = (
         "INSERT INTO agent_messages (flow_run_id, run_id, node_id, session_id, role, content, step, created_at, "
         "model_call) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id")
@@ -506,6 +512,16 @@ class SqlStore(ABC):
     def release_lease(self, run_id: str, owner: str) -> None:
         with self._tx() as db:
             db.execute(self._sql_lease_release, (run_id, owner))
+
+    # -- telemetry --------------------------------------------------------------------------
+
+    def get_trace_context(self, run_id: str) -> str | None:
+        rows = self._query(self._sql_get_trace, (run_id,))
+        return str(rows[0][0]) if rows else None
+
+    def set_trace_context(self, run_id: str, trace_context: str) -> None:
+        with self._tx() as db:
+            db.execute(self._sql_set_trace, (run_id, trace_context))
 
     # -- agent conversations ----------------------------------------------------------------
 

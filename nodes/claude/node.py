@@ -31,6 +31,7 @@ from flowkernel.context import NodeContext
 from flowkernel.errors import NodeFailure, Problem
 from flowkernel.events import USAGE_KEYS, AgentComplete, AgentError, AgentStart, AgentTool, AgentUsage
 from flowkernel.node import INTERRUPTED, Interrupted, WaitFor
+from flowkernel.nodes.claude import spans
 from flowkernel.nodes.claude.config import AgentConfig, build_request, check_input, parse_config
 from flowkernel.nodes.claude.pricing import Price, cost_usd, find_price, price_table
 from flowkernel.nodes.claude.transcript import Transcript, session_of_run
@@ -115,7 +116,10 @@ class ClaudeAgentNode:
 
     async def run(self, ctx: NodeContext) -> Any:
         cfg = parse_config(ctx.input, ctx.node_id, ctx.services)
-        return await _Execution(ctx, cfg, self._query_fn(ctx)).run()
+        with spans.agent(ctx.node_id, ctx.run_id, cfg.model) as span:
+            output = await _Execution(ctx, cfg, self._query_fn(ctx)).run()
+            spans.agent_done(span, output)
+        return output
 
 
 class _Execution:
@@ -246,7 +250,10 @@ class _Execution:
 
                 tg.start_soon(watch)
                 try:
-                    answer.append(await self.query(self._request(transcript), ctx.emit, ctx))
+                    request = self._request(transcript)
+                    with spans.chat(request, transcript.session_id) as span:
+                        answer.append(await self.query(request, ctx.emit, ctx))
+                        spans.chat_done(span, answer[-1])
                 except Exception as exc:  # re-raised below, unwrapped by the task group
                     failure.append(exc)
                 tg.cancel_scope.cancel()
@@ -355,15 +362,17 @@ class _Execution:
         name, use_id, tool_input = str(block.get("name")), str(block.get("id")), block.get("input") or {}
         began = time.monotonic()
         error: str | None = None
-        try:
-            tool = self.tools.get(name)
-            if tool is None:
-                raise LookupError(f"no tool named {name!r} is available to this agent "
-                                  f"(available: {', '.join(sorted(self.tools)) or 'none'})")
-            text = truncate(result_text(await tool.call(tool_input)), self.cfg.tool_result_max_bytes)
-        except Exception as exc:
-            error = f"{type(exc).__name__}: {exc}"
-            text = truncate(error, self.cfg.tool_result_max_bytes)
+        with spans.tool(name, use_id, tool_input) as span:
+            try:
+                tool = self.tools.get(name)
+                if tool is None:
+                    raise LookupError(f"no tool named {name!r} is available to this agent "
+                                      f"(available: {', '.join(sorted(self.tools)) or 'none'})")
+                text = truncate(result_text(await tool.call(tool_input)), self.cfg.tool_result_max_bytes)
+            except Exception as exc:
+                error = f"{type(exc).__name__}: {exc}"
+                text = truncate(error, self.cfg.tool_result_max_bytes)
+            spans.tool_done(span, text, error)
         duration = int((time.monotonic() - began) * 1000)
         self.resolved[use_id] = (text, error is not None)
         transcript.add_tool_call({"messageId": message_id, "toolName": name, "toolUseId": use_id,

@@ -1,0 +1,276 @@
+"""OpenTelemetry traces of runs (DESIGN §12): one trace per run, a span per execution, node run,
+agent, model call and tool call, with the GenAI semantic-convention attributes.
+
+On when ``services["tracer_provider"]`` is given, when the embedding program set a tracer provider
+(``opentelemetry.trace.set_tracer_provider``), or when ``OTEL_EXPORTER_OTLP_ENDPOINT`` (or
+``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``) is set: then flowkernel exports over OTLP/HTTP itself (the
+``otel`` extra). ``OTEL_SDK_DISABLED=true`` turns it off. Off, it costs a context-variable lookup per
+span site: this module imports ``opentelemetry`` only once one of the above holds, and checks for an
+embedding program's provider only if that program imported ``opentelemetry.trace`` already.
+
+A run's trace context (W3C ``traceparent`` of its first execution's span) is stored with the run, so
+an execution after a pause, a human wait, a crash or in another process continues the same trace.
+Telemetry never affects a run: every failure in it is swallowed (reported once on stderr), and spans
+are handed to the provider's processors, which export in the background.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import sys
+import threading
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from flowkernel.store.base import Store
+
+CAPTURE_CONTENT_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
+SCOPE = "flowkernel"
+FLUSH_AT_EXIT_MS = 2000  # the most a failing OTLP endpoint may hold up the exit of a process
+
+
+class _NullSpan:
+    """What a span site gets while telemetry is off: every method does nothing."""
+
+    def __enter__(self) -> _NullSpan:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def set(self, key: str, value: Any) -> None:
+        return None
+
+    def update(self, attributes: Mapping[str, Any]) -> None:
+        return None
+
+    def fail(self, error_type: str, message: str = "") -> None:
+        return None
+
+
+NULL_SPAN = _NullSpan()
+
+
+class _Tracing:
+    """The tracer of one run execution, and whether message content goes on spans."""
+
+    def __init__(self, tracer: Any, capture: bool) -> None:
+        self.tracer = tracer
+        self.capture = capture
+
+
+_ACTIVE: ContextVar[_Tracing | None] = ContextVar("flowkernel_tracing", default=None)
+_warned: set[str] = set()
+_own_provider: list[Any] = []  # the OTLP provider flowkernel made for this process, once
+
+
+def _warn(key: str, message: str) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        print(f"flowkernel: telemetry: {message}", file=sys.stderr)
+
+
+def capture_content() -> bool:
+    """Message and tool content go on spans (``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true``)."""
+    tracing = _ACTIVE.get()
+    return tracing is not None and tracing.capture
+
+
+def enabled() -> bool:
+    """This run execution is traced."""
+    return _ACTIVE.get() is not None
+
+
+def tracer_provider(services: Mapping[str, Any]) -> Any | None:
+    """The provider spans go to, or None when telemetry is off (see the module docstring)."""
+    given = services.get("tracer_provider")
+    if given is not None:
+        return given
+    if os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return None
+    if "opentelemetry.trace" in sys.modules:
+        from opentelemetry import trace
+
+        provider = trace.get_tracer_provider()
+        if not isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider):
+            return provider
+    if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
+        return _otlp_provider()
+    return None
+
+
+def _otlp_provider() -> Any | None:
+    if _own_provider:
+        return _own_provider[0]
+    try:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    except ImportError:
+        _warn("extra", "OTEL_EXPORTER_OTLP_ENDPOINT is set but OpenTelemetry is not installed; "
+                       "pip install 'flowkernel[otel]' to export traces")
+        return None
+    attributes = {} if os.environ.get("OTEL_SERVICE_NAME") else {"service.name": "flowkernel"}
+    # Not shut down at exit by the SDK (that waits on the exporter); flushed for a bounded time instead.
+    provider = TracerProvider(resource=Resource.create(attributes), shutdown_on_exit=False)
+    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    atexit.register(_flush, provider)
+    _own_provider.append(provider)
+    return provider
+
+
+def _flush(provider: Any) -> None:
+    # force_flush exports in the calling thread and waits out the exporter's retries whatever timeout
+    # it is given: flush in a daemon thread, and leave when FLUSH_AT_EXIT_MS is up.
+    def flush() -> None:
+        try:
+            provider.force_flush(timeout_millis=FLUSH_AT_EXIT_MS)
+        except Exception:
+            pass  # the run is long done; nothing to tell anyone at exit
+
+    worker = threading.Thread(target=flush, name="flowkernel-otel-flush", daemon=True)
+    worker.start()
+    worker.join(FLUSH_AT_EXIT_MS / 1000)
+
+
+@contextmanager
+def run_execution(services: Mapping[str, Any], store: Store, flow_name: str, run_id: str) -> Iterator[Any]:
+    """Trace one execution of a run: ``invoke_workflow {flow}``, in the run's stored trace. Yields the
+    span (``NULL_SPAN`` when off), current for everything the execution starts."""
+    provider = tracer_provider(services)
+    if provider is None:
+        yield NULL_SPAN
+        return
+    try:
+        span, active = _open_run(provider, store, flow_name, run_id)
+    except Exception as exc:
+        _warn("start", f"tracing is off for this run: {type(exc).__name__}: {exc}")
+        yield NULL_SPAN
+        return
+    try:
+        yield span
+    finally:
+        span.close(None)
+        _ACTIVE.reset(active)
+
+
+def _open_run(provider: Any, store: Store, flow_name: str, run_id: str) -> tuple[_Span, Any]:
+    from opentelemetry import context as otel_context
+    from opentelemetry import trace
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    tracer = provider.get_tracer(SCOPE)
+    stored = _stored_context(store, run_id)
+    # The first execution starts in the caller's trace (or a new one); the others continue it.
+    parent = TraceContextTextMapPropagator().extract({"traceparent": stored}) if stored else None
+    raw = tracer.start_span(f"invoke_workflow {flow_name}", context=parent, kind=trace.SpanKind.INTERNAL,
+                            attributes={"gen_ai.operation.name": "invoke_workflow",
+                                        "gen_ai.workflow.name": flow_name, "flowkernel.run.id": run_id,
+                                        "flowkernel.run.resumed": stored is not None})
+    if stored is None:
+        carrier: dict[str, str] = {}
+        TraceContextTextMapPropagator().inject(carrier, context=trace.set_span_in_context(raw))
+        try:
+            store.set_trace_context(run_id, carrier["traceparent"])
+        except Exception as exc:
+            _warn("store", f"could not store the run's trace context: {exc}")
+    capture = os.environ.get(CAPTURE_CONTENT_ENV, "").strip().lower() == "true"
+    active = _ACTIVE.set(_Tracing(tracer, capture))
+    return _Span(raw, otel_context.attach(trace.set_span_in_context(raw))), active
+
+
+def _stored_context(store: Store, run_id: str) -> str | None:
+    try:
+        return store.get_trace_context(run_id)
+    except Exception as exc:
+        _warn("read", f"could not read the run's trace context: {exc}")
+        return None
+
+
+class _Span:
+    """A live span: attributes, a failure, and its end (with the error an exception names)."""
+
+    def __init__(self, raw: Any, token: Any = None) -> None:
+        self.raw = raw
+        self.token = token
+
+    def __enter__(self) -> _Span:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        self.close(exc)
+
+    def set(self, key: str, value: Any) -> None:
+        if value is None:
+            return
+        try:
+            self.raw.set_attribute(key, value)
+        except Exception:
+            pass
+
+    def update(self, attributes: Mapping[str, Any]) -> None:
+        for key, value in attributes.items():
+            self.set(key, value)
+
+    def fail(self, error_type: str, message: str = "") -> None:
+        try:
+            from opentelemetry.trace import Status, StatusCode
+
+            self.raw.set_attribute("error.type", error_type)
+            self.raw.set_status(Status(StatusCode.ERROR, message[:500] or None))
+        except Exception:
+            pass
+
+    def close(self, exc: BaseException | None) -> None:
+        try:
+            if isinstance(exc, Exception):
+                self.fail(str(getattr(exc, "error_type", None) or type(exc).__name__), str(exc))
+            elif exc is not None:
+                self.set("flowkernel.cancelled", True)  # a pause, a timeout or a stop: not an error here
+            if self.token is not None:
+                from opentelemetry import context as otel_context
+
+                otel_context.detach(self.token)
+                self.token = None
+            self.raw.end()
+        except Exception:
+            pass
+
+
+def span(name: str, attributes: Mapping[str, Any] | None = None, *, client: bool = False) -> Any:
+    """A child of the current span for this execution, current while it is open (a context manager:
+    the span ends, with ``error.type`` if an exception leaves it). ``NULL_SPAN`` when off."""
+    tracing = _ACTIVE.get()
+    if tracing is None:
+        return NULL_SPAN
+    try:
+        from opentelemetry import context as otel_context
+        from opentelemetry import trace
+
+        kind = trace.SpanKind.CLIENT if client else trace.SpanKind.INTERNAL
+        raw = tracing.tracer.start_span(name, kind=kind,
+                                        attributes={k: v for k, v in (attributes or {}).items() if v is not None})
+        return _Span(raw, otel_context.attach(trace.set_span_in_context(raw)))
+    except Exception as exc:
+        _warn("span", f"a span could not start: {type(exc).__name__}: {exc}")
+        return NULL_SPAN
+
+
+def node_span(node_id: str, node_type: str, node_run_id: str, attempt: int, item: int | None) -> Any:
+    """The span of one node run (``run_node {nodeId}``); built only when telemetry is on."""
+    if _ACTIVE.get() is None:
+        return NULL_SPAN
+    return span(f"run_node {node_id}", {"flowkernel.node.id": node_id, "flowkernel.node.type": node_type,
+                                        "flowkernel.node_run.id": node_run_id, "flowkernel.node.attempt": attempt,
+                                        "flowkernel.node.item": item})
+
+
+def content(value: Any) -> str:
+    """Content for a span attribute: JSON text (a string stays as it is)."""
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
