@@ -23,7 +23,9 @@ from typing import TYPE_CHECKING, Any
 from flowkernel.checkpoint import encode_checkpoint
 from flowkernel.errors import InvalidInputError
 from flowkernel.events import (
+    AgentError,
     AgentStart,
+    AgentTool,
     BaseEvent,
     CommandReceived,
     Event,
@@ -61,10 +63,23 @@ def comparable(ev: BaseEvent) -> dict[str, Any]:
     return result
 
 
+def _tool_use_id(ev: Event) -> str | None:
+    """The tool call an agent event reports on (``agent:tool``, or its ``error_tool_use``), if any."""
+    if isinstance(ev, AgentTool):
+        return ev.toolUseId
+    if isinstance(ev, AgentError) and isinstance(ev.details, dict):
+        use_id = ev.details.get("toolUseId")
+        return use_id if isinstance(use_id, str) else None
+    return None
+
+
 def _lanes(events: list[Event]) -> dict[tuple[str, ...], list[Event]]:
-    """Events grouped by what orders them: one node (and forEach item), one edge, or the run.
+    """Events grouped by what orders them: one node (and forEach item), one tool call, one edge, or
+    the run.
 
     Across node runs events may interleave differently in two executions; within a lane they may not.
+    The tool calls of one model turn run concurrently, so each has a lane of its own: they may finish
+    in either order (the model's ids for them come from the same recorded answer in both executions).
     """
     item_of: dict[str, int | None] = {}
     lanes: dict[tuple[str, ...], list[Event]] = {}
@@ -81,6 +96,9 @@ def _lanes(events: list[Event]) -> dict[tuple[str, ...], list[Event]]:
             if item is None and ev.runId:
                 item = item_of.get(ev.runId)
             key = ("node", ev.nodeId, "" if item is None else str(item))
+            use_id = _tool_use_id(ev)
+            if use_id is not None:
+                key = (*key, use_id)
         else:
             key = ("run",)
         lanes.setdefault(key, []).append(ev)
@@ -142,6 +160,8 @@ def first_divergence(recorded: list[Event], rerun: list[Event]) -> Divergence | 
 def _explain(key: tuple[str, ...], x: Event | None, y: Event | None, rest: list[Event]) -> Divergence:
     seq = x.seq if x is not None else None
     who = key[1] + (f"[{key[2]}]" if len(key) > 2 and key[2] else "") if len(key) > 1 else "the run"
+    if len(key) > 3:
+        who += f" tool call {key[3]}"
     for ev in rest:  # a changed node input shows first, but the model call it changes says more
         if isinstance(ev, NodeError) and ev.errorType in ("fixture_mismatch", "fixture_missing"):
             kind = "request" if ev.errorType == "fixture_mismatch" else "extra_call"

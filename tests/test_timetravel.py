@@ -8,11 +8,11 @@ from typing import Any
 
 import anyio
 from flowkernel.api import Kernel
-from flowkernel.events import FlowResumed, FlowStart
+from flowkernel.events import AgentTool, BaseEvent, Event, FlowResumed, FlowStart, NodeComplete, NodeStart
 from flowkernel.fixtures import MockQuery
 from flowkernel.store.sqlite import SqliteStore
 from flowkernel.testing.harness import run_flow
-from flowkernel.timetravel import create_fork, fork, rerun
+from flowkernel.timetravel import create_fork, first_divergence, fork, rerun
 
 ROOT = Path(__file__).resolve().parent.parent
 REVIEW = ROOT / "flows" / "review-loop.json"
@@ -123,3 +123,33 @@ def _research_registry() -> Any:
     reg = default_registry().copy()
     reg.add_tool("lookup_fact", lookup_fact)
     return reg
+
+
+# -- comparing two executions ---------------------------------------------------------------------
+
+def _numbered(events: list[BaseEvent]) -> list[Event]:
+    for seq, ev in enumerate(events, start=1):
+        ev.seq = seq
+    return list(events)  # type: ignore[arg-type]
+
+
+def _agent_turn(tools: list[tuple[str, str]]) -> list[BaseEvent]:
+    """One agent node run whose model turn called tools that finished in the order given."""
+    return [NodeStart(nodeId="agent", runId="nr_a", input={}),
+            *(AgentTool(nodeId="agent", runId="nr_a", toolName="lookup", toolUseId=use_id, toolInput={},
+                        toolOutput=output) for use_id, output in tools),
+            NodeComplete(nodeId="agent", runId="nr_a", output={"text": "done"})]
+
+
+def test_concurrent_tool_calls_finishing_in_another_order_are_not_a_divergence() -> None:
+    recorded = _numbered(_agent_turn([("toolu_1", "a"), ("toolu_2", "b")]))
+    rerun = _numbered(_agent_turn([("toolu_2", "b"), ("toolu_1", "a")]))
+    assert first_divergence(recorded, rerun) is None
+
+
+def test_a_tool_call_with_another_result_is_a_divergence_naming_the_call() -> None:
+    recorded = _numbered(_agent_turn([("toolu_1", "a"), ("toolu_2", "b")]))
+    rerun = _numbered(_agent_turn([("toolu_2", "B"), ("toolu_1", "a")]))
+    found = first_divergence(recorded, rerun)
+    assert found is not None and found.kind == "event" and found.seq == 3
+    assert "agent tool call toolu_2" in found.message and '"B"' in found.message
