@@ -12,8 +12,8 @@ from __future__ import annotations
 import json
 import os
 import socket
-import sys
-from collections.abc import AsyncIterator, Callable
+import time
+from collections.abc import AsyncIterator, Callable, Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -22,7 +22,14 @@ import msgspec
 from flowkernel.checkpoint import encode_checkpoint, load_checkpoint
 from flowkernel.commands import Command, CommandOutcome, judge_command
 from flowkernel.compiler import CompiledFlow, compile_flow, load_flow
-from flowkernel.errors import CommandRejectedError, InvalidInputError, RunBusyError, RunInputError, StoreError
+from flowkernel.errors import (
+    CommandRejectedError,
+    InvalidInputError,
+    LeaseLostError,
+    RunBusyError,
+    RunInputError,
+    StoreError,
+)
 from flowkernel.events import (
     BaseEvent,
     CommandReceived,
@@ -39,7 +46,7 @@ from flowkernel.reducer import fold, initial_snapshot
 from flowkernel.registry import Registry, default_registry
 from flowkernel.runner import COMMAND_POLL_S, EventListener, RunExecution
 from flowkernel.snapshot import RunSnapshot
-from flowkernel.store.base import EventRow, RunRecord, Store
+from flowkernel.store.base import EventRow, Lease, RunRecord, Store
 from msgspec.structs import replace
 
 if TYPE_CHECKING:
@@ -54,7 +61,7 @@ def _owner_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{os.urandom(3).hex()}"
 
 
-def _owner_dead(owner: str) -> bool:
+def owner_dead(owner: str) -> bool:
     """True if ``owner`` was a process on this host that no longer exists (so its lease is void)."""
     host, _, rest = owner.partition(":")
     pid_text = rest.partition(":")[0]
@@ -77,6 +84,37 @@ def _owner_dead(owner: str) -> bool:
         return False
 
 
+class _First(NamedTuple):
+    """A run's ``flow:start``: the event, its stored row, the snapshot after it and its checkpoint."""
+
+    event: Event
+    row: EventRow
+    snapshot: RunSnapshot
+    skeleton: bytes
+    blobs: dict[str, bytes]
+
+
+def _first_event(flow: CompiledFlow, run_id: str, value: Any, parent_run_id: str | None,
+                 parent_node_run_id: str | None) -> _First:
+    start = FlowStart(seq=1, timestamp=now_ms(), flowRunId=run_id, flowName=flow.name, flowHash=flow.hash,
+                      input=value, parentRunId=parent_run_id, parentNodeRunId=parent_node_run_id)
+    body = encode(start)
+    first = decode(body)
+    snap = initial_snapshot(flow, first)  # type: ignore[arg-type]
+    # The initial state's lists and maps are the flow document's: the run gets its own.
+    snap = replace(snap, state=msgspec.json.decode(msgspec.json.encode(snap.state)))
+    skeleton, blobs = encode_checkpoint(snap)
+    return _First(first, (1, start.timestamp, body), snap, skeleton, blobs)
+
+
+class _Refused(Exception):
+    """A ``before`` hook refused the command that would continue the run: record it, then raise."""
+
+    def __init__(self, outcome: CommandOutcome) -> None:
+        super().__init__(outcome.reason)
+        self.outcome = outcome
+
+
 class _Created(NamedTuple):
     """A run just stored: its id, its ``flow:start``, its snapshot and the size of its checkpoint."""
 
@@ -84,6 +122,7 @@ class _Created(NamedTuple):
     first: Event
     snapshot: RunSnapshot
     checkpoint_size: int
+    lease: Lease | None
 
 
 class Kernel:
@@ -99,6 +138,7 @@ class Kernel:
         self.lease_ttl_ms = lease_ttl_ms
         self._executing: dict[str, RunExecution] = {}
         self._flows: dict[str, CompiledFlow] = {}
+        self._token_read: tuple[float, int] = (float("-inf"), 0)  # (when, value) of the last change token read
 
     # -- flows ------------------------------------------------------------------------------
 
@@ -148,6 +188,21 @@ class Kernel:
         return self._create(flow, input, parent_run_id=parent_run_id, parent_node_run_id=parent_node_run_id,
                             run_id=run_id).run_id
 
+    def enqueue(self, flow: CompiledFlow, input: Any = None, *, run_id: str | None = None) -> str:
+        """Validate the input and store a ``queued`` run for the workers (DESIGN §11); returns its id at
+        once. It has no events until a worker claims it and writes its ``flow:start``."""
+        value = {} if input is None else input
+        self.check_input(flow, value)
+        run_id = run_id or new_run_id()
+        now = now_ms()
+        record = RunRecord(runId=run_id, flowName=flow.name, flowHash=flow.hash, status="queued", seq=0,
+                           input=value, createdAt=now, updatedAt=now,
+                           flowSource=str(Path(flow.source).resolve()) if flow.base_dir else None,
+                           pooled=True, maxRuns=flow.max_concurrent_runs)
+        self.store.create_run(record, [], b"", document=flow.canonical)
+        self._flows[flow.hash] = flow
+        return run_id
+
     def _create(self, flow: CompiledFlow, input: Any, *, parent_run_id: str | None = None,
                 parent_node_run_id: str | None = None, run_id: str | None = None, leased: bool = False) -> _Created:
         """Store a new run with its flow in one transaction; ``leased``: this kernel holds its lease
@@ -155,23 +210,24 @@ class Kernel:
         value = {} if input is None else input
         self.check_input(flow, value)
         run_id = run_id or new_run_id()
-        start = FlowStart(seq=1, timestamp=now_ms(), flowRunId=run_id, flowName=flow.name, flowHash=flow.hash,
-                          input=value, parentRunId=parent_run_id, parentNodeRunId=parent_node_run_id)
-        body = encode(start)
-        first = decode(body)
-        snap = initial_snapshot(flow, first)  # type: ignore[arg-type]
-        # The initial state's lists and maps are the flow document's: the run gets its own.
-        snap = replace(snap, state=msgspec.json.decode(msgspec.json.encode(snap.state)))
+        first = _first_event(flow, run_id, value, parent_run_id, parent_node_run_id)
         record = RunRecord(runId=run_id, flowName=flow.name, flowHash=flow.hash, status="running", seq=1,
-                           input=value, createdAt=start.timestamp, updatedAt=start.timestamp,
+                           input=value, createdAt=first.event.timestamp, updatedAt=first.event.timestamp,
                            parentRunId=parent_run_id, parentNodeRunId=parent_node_run_id,
                            flowSource=str(Path(flow.source).resolve()) if flow.base_dir else None,
                            leaseOwner=self.owner if leased else None,
-                           leaseExpiresAt=start.timestamp + self.lease_ttl_ms if leased else None)
-        skeleton, blobs = encode_checkpoint(snap)
-        self.store.create_run(record, [(1, start.timestamp, body)], skeleton, blobs, document=flow.canonical)
+                           leaseExpiresAt=first.event.timestamp + self.lease_ttl_ms if leased else None,
+                           leaseEpoch=1 if leased else 0)
+        self.store.create_run(record, [first.row], first.skeleton, first.blobs, document=flow.canonical)
         self._flows[flow.hash] = flow
-        return _Created(run_id, first, snap, len(skeleton))
+        return _Created(run_id, first.event, first.snapshot, len(first.skeleton),
+                        Lease(self.owner, 1) if leased else None)
+
+    def _start(self, flow: CompiledFlow, record: RunRecord, lease: Lease) -> _Created:
+        """Write the ``flow:start`` of a queued run, under the lease of the execution that starts it."""
+        first = _first_event(flow, record.runId, record.input, record.parentRunId, record.parentNodeRunId)
+        self.store.commit(record.runId, [first.row], "running", 1, None, first.skeleton, first.blobs, lease=lease)
+        return _Created(record.runId, first.event, first.snapshot, len(first.skeleton), lease)
 
     async def run(self, flow: CompiledFlow, input: Any = None, *, on_event: EventListener | None = None,
                   run_id: str | None = None) -> RunSnapshot:
@@ -180,16 +236,21 @@ class Kernel:
         if on_event is not None:
             on_event(created.first)
         # Created leased, with the snapshot in hand: nothing to take or load before executing.
-        return await self._execute(flow, created.snapshot, [], on_event, created.checkpoint_size)
+        assert created.lease is not None
+        return await self._execute(flow, created.snapshot, [], on_event, created.checkpoint_size, created.lease)
 
     def snapshot(self, run_id: str, at: int | None = None) -> RunSnapshot:
-        """The run's snapshot now, or as it was right after event ``at``."""
+        """The run's snapshot now, or as it was right after event ``at``. A queued run's is the
+        snapshot it will start from, with status ``queued`` and seq 0."""
         if at is not None:
             self.check_seq(run_id, at)
         flow = self.flow_of(run_id)
         checkpoint = load_checkpoint(self.store, run_id, at_most=at)
         if checkpoint is None:
-            return fold(flow, self.events(run_id, until=at))
+            events = self.events(run_id, until=at)
+            if not events:
+                return self._queued_snapshot(flow, self.store.get_run(run_id))
+            return fold(flow, events)
         seq, snap = checkpoint
         return fold(flow, self.events(run_id, after=seq, until=at), snap)
 
@@ -198,6 +259,12 @@ class Kernel:
         last = self.store.get_run(run_id).seq
         if not 1 <= at <= last:
             raise InvalidInputError(f"run {run_id}: there is no event {at}; its events are 1 to {last}")
+    @staticmethod
+    def _queued_snapshot(flow: CompiledFlow, record: RunRecord) -> RunSnapshot:
+        start = FlowStart(seq=0, timestamp=record.createdAt, flowRunId=record.runId, flowName=flow.name,
+                          flowHash=flow.hash, input=record.input, parentRunId=record.parentRunId,
+                          parentNodeRunId=record.parentNodeRunId)
+        return replace(initial_snapshot(flow, start), status="queued")
 
     def events(self, run_id: str, after: int = 0, until: int | None = None) -> list[Event]:
         if after < 0:
@@ -280,7 +347,7 @@ class Kernel:
         """Yield the run's events as they are stored (from ``after``), until the run stops running."""
         seq = after
         while True:
-            stopped = self.store.get_run(run_id).status != "running"
+            stopped = self.store.get_run(run_id).status not in ("running", "queued")
             # Read after the status: the commit that stops a run carries its last events.
             batch = self.events(run_id, after=seq)
             for ev in batch:
@@ -295,45 +362,107 @@ class Kernel:
 
     async def execute(self, run_id: str, *, on_event: EventListener | None = None,
                       first: list[BaseEvent] | None = None,
-                      before: Callable[[RunSnapshot], list[BaseEvent]] | None = None) -> RunSnapshot:
-        """Take the run's lease and execute it from its stored snapshot until it stops.
+                      before: Callable[[RunSnapshot], list[BaseEvent]] | None = None,
+                      lease: Lease | None = None,
+                      on_execution: Callable[[RunExecution], None] | None = None) -> RunSnapshot:
+        """Take the run's lease (or use ``lease``, taken already) and execute the run from its stored
+        snapshot until it stops; a queued run is started first.
 
         ``before`` sees the loaded snapshot and returns the first events to append (it may raise to refuse).
         """
-        self._acquire(run_id)
+        lease = lease or self._acquire(run_id)
         try:
             flow = self.flow_of(run_id)
-            snap = self.snapshot(run_id)
+            record = self.store.get_run(run_id)
+            if record.status == "queued":
+                if before is not None:  # resume, retry, continue: none applies to a run not started
+                    self._refuse_queued(record)
+                created = self._start(flow, record, lease)
+                if on_event is not None:
+                    on_event(created.first)
+                snap, checkpoint_size = created.snapshot, created.checkpoint_size
+            else:
+                snap = self.snapshot(run_id)
+                checkpoint = self.store.read_checkpoint(run_id)
+                checkpoint_size = len(checkpoint[1]) if checkpoint else 0
             drafts = list(first or [])
             if before is not None:
-                drafts = before(snap) + drafts
+                try:
+                    drafts = before(snap) + drafts
+                except _Refused as refused:
+                    self._append_now(snap, [refused.outcome.record], lease)
+                    _raise_if_refused(refused.outcome)
             idle = snap.status != "running" and not drafts  # stopped, and nothing asks it to go on
-            checkpoint = None if idle else self.store.read_checkpoint(run_id)
         except BaseException:
-            self.store.release_lease(run_id, self.owner)
+            self.store.release_lease(run_id, lease)
             raise
         if idle:
-            self.store.release_lease(run_id, self.owner)
+            self.store.release_lease(run_id, lease)
             return snap
-        return await self._execute(flow, snap, drafts, on_event, len(checkpoint[1]) if checkpoint else 0)
+        return await self._execute(flow, snap, drafts, on_event, checkpoint_size, lease, on_execution)
+
+    @staticmethod
+    def _refuse_queued(record: RunRecord) -> None:
+        raise CommandRejectedError(f"run {record.runId} is queued and has not started: a worker starts it "
+                                   "(`flowkernel worker`), or `flowkernel abort` it")
+
+    async def recover(self, run_id: str, lease: Lease, *, on_event: EventListener | None = None,
+                      on_execution: Callable[[RunExecution], None] | None = None) -> RunSnapshot:
+        """Execute a pooled run under ``lease`` (a worker's claim): a queued run is started; a run
+        whose executor is gone with node runs in flight is resumed exactly as ``resume`` would (they
+        run again, told "continue"); one left with nothing in flight (handed over, or handed back to
+        the pool after a reply) simply continues."""
+        record = self.store.get_run(run_id)
+        before = None
+        if record.status != "queued" and _interrupted(self.snapshot(run_id)):
+            cmd = Command(kind="resume", content="continue")
+            before = self._judged(run_id, cmd, FlowResumed(message="continue"))
+        return await self.execute(run_id, on_event=on_event, lease=lease, on_execution=on_execution, before=before)
+
+    def hand_to_pool(self, run_id: str, before: Callable[[RunSnapshot], list[BaseEvent]]) -> RunSnapshot:
+        """Continue a stopped pooled run through the workers instead of in this process: append the
+        events ``before`` returns (a resume, a retry, the ``flow:resumed`` after a reply) and leave the
+        run ``running`` with no lease, so that a worker claims it and carries on."""
+        lease = self._acquire(run_id)
+        try:
+            snap = self.snapshot(run_id)
+            if snap.status == "queued":
+                self._refuse_queued(self.store.get_run(run_id))
+            try:
+                drafts = before(snap)
+            except _Refused as refused:
+                self._append_now(snap, [refused.outcome.record], lease)
+                _raise_if_refused(refused.outcome)
+            if not drafts:
+                return snap
+            return self._append_now(snap, drafts, lease, release=True)
+        finally:
+            self.store.release_lease(run_id, lease)
 
     async def _execute(self, flow: CompiledFlow, snap: RunSnapshot, drafts: list[BaseEvent],
-                       on_event: EventListener | None, checkpoint_size: int) -> RunSnapshot:
-        """Execute a run whose lease this kernel holds, from ``snap``; the lease ends when it stops."""
+                       on_event: EventListener | None, checkpoint_size: int, lease: Lease,
+                       on_execution: Callable[[RunExecution], None] | None = None) -> RunSnapshot:
+        """Execute a run whose ``lease`` this kernel holds, from ``snap``; the lease ends when it stops."""
         run_id = snap.runId
         execution = RunExecution(flow=flow, snapshot=snap, store=self.store, registry=self.registry,
                                  listeners=[on_event] if on_event else [], services=self.services,
-                                 checkpoint_size=checkpoint_size, lease_owner=self.owner)
+                                 checkpoint_size=checkpoint_size, lease=lease)
         self._executing[run_id] = execution
+        if on_execution is not None:
+            on_execution(execution)
         try:
-            final = await execution.execute(drafts, background=[self._poll_commands, self._renew_lease])
+            final = await execution.execute(drafts, background=[self._poll_commands, self._keep_lease(lease)])
         finally:
             self._executing.pop(run_id, None)
             if not execution.lease_released:
-                self.store.release_lease(run_id, self.owner)
+                self.store.release_lease(run_id, lease)
         if final.parentRunId and final.status in ("completed", "failed", "aborted"):
             await self._wake_parent(final)
         return final
+
+    def executing(self, run_id: str) -> RunExecution | None:
+        """The execution of ``run_id`` in this kernel, if there is one."""
+        return self._executing.get(run_id)
 
     async def _wake_parent(self, child: RunSnapshot) -> None:
         """A child finished while its parent waited on it: tell the parent's flow.call node run."""
@@ -364,35 +493,46 @@ class Kernel:
 
     async def _deliver(self, run_id: str, cmd: Command, on_event: EventListener | None) -> RunSnapshot:
         await self.command(run_id, cmd)
-        if run_id in self._executing or self.store.get_run(run_id).leaseOwner is not None:
+        record = self.store.get_run(run_id)
+        if run_id in self._executing or record.leaseOwner is not None:
             return self.snapshot(run_id)
+        if record.pooled:  # the workers execute it: hand it back to them
+            return self.hand_to_pool(run_id, continue_stopped)
         return await self.continue_run(run_id, on_event=on_event)
 
     async def continue_run(self, run_id: str, *, on_event: EventListener | None = None) -> RunSnapshot:
         """Execute a stored run that no process is executing (after a reply or send landed in it)."""
-        def before(snap: RunSnapshot) -> list[BaseEvent]:
-            if snap.status in ("waiting", "running"):
-                return [FlowResumed(message=None)]
-            return []
-        return await self.execute(run_id, on_event=on_event, before=before)
+        return await self.execute(run_id, on_event=on_event, before=continue_stopped)
 
-    def _acquire(self, run_id: str) -> None:
-        holder = self.store.acquire_lease(run_id, self.owner, now_ms(), self.lease_ttl_ms)
-        if holder is not None and _owner_dead(holder):
+    def _acquire(self, run_id: str) -> Lease:
+        lease = self.store.acquire_lease(run_id, self.owner, now_ms(), self.lease_ttl_ms)
+        if lease.owner != self.owner and owner_dead(lease.owner):
             # The holder died on this host: its lease is void, take the run over now.
-            holder = self.store.acquire_lease(run_id, self.owner, now_ms(), self.lease_ttl_ms, steal_from=holder)
-        if holder is not None:
-            raise RunBusyError(f"run {run_id} is being executed by {holder}; wait for it to stop, "
+            lease = self.store.acquire_lease(run_id, self.owner, now_ms(), self.lease_ttl_ms, steal_from=lease.owner)
+        if lease.owner != self.owner:
+            raise RunBusyError(f"run {run_id} is being executed by {lease.owner}; wait for it to stop, "
                                f"or `flowkernel pause {run_id}`")
+        return lease
 
-    async def _renew_lease(self, execution: RunExecution) -> None:
-        while True:
-            await anyio.sleep(self.lease_ttl_ms / 3000)
-            if execution.lease_released:
-                return
-            holder = self.store.acquire_lease(execution.snap.runId, self.owner, now_ms(), self.lease_ttl_ms)
-            if holder is not None:
-                print(f"flowkernel: lost the lease of run {execution.snap.runId} to {holder}", file=sys.stderr)
+    def _keep_lease(self, lease: Lease) -> Callable[[RunExecution], Coroutine[Any, Any, None]]:
+        async def renew(execution: RunExecution) -> None:
+            run_id = execution.snap.runId
+            while True:
+                await anyio.sleep(self.lease_ttl_ms / 3000)
+                if execution.lease_released:
+                    return
+                if not self.store.renew_lease(run_id, lease, now_ms(), self.lease_ttl_ms):
+                    holder = self.store.get_run(run_id).leaseOwner
+                    execution.lose_lease(LeaseLostError(run_id, holder))
+                    return
+        return renew
+
+    def _change_token(self) -> int:
+        """The store's change token, read at most once per poll interval however many runs execute here."""
+        now = time.monotonic()
+        if now - self._token_read[0] >= COMMAND_POLL_S / 2:
+            self._token_read = (now, self.store.change_token())
+        return self._token_read[1]
 
     async def _poll_commands(self, execution: RunExecution) -> None:
         """Deliver commands that other processes stored for this run (checked every 50 ms, cheaply)."""
@@ -400,7 +540,7 @@ class Kernel:
         token: int | None = None
         seen: set[int] = set()
         while True:
-            current = self.store.change_token()
+            current = self._change_token()
             if current != token:
                 token = current
                 for row in self.store.pending_commands(run_id):
@@ -410,23 +550,28 @@ class Kernel:
             await anyio.sleep(COMMAND_POLL_S)
 
     async def resume(self, run_id: str, message: str | None = "continue", *,
-                     on_event: EventListener | None = None) -> RunSnapshot:
-        """Continue a paused, waiting or interrupted run; ``message`` goes to every interrupted node run."""
+                     on_event: EventListener | None = None, queue: bool = False) -> RunSnapshot:
+        """Continue a paused, waiting or interrupted run; ``message`` goes to every interrupted node run.
+        With ``queue``, a worker continues it (``hand_to_pool``); the snapshot after the resume returns."""
         cmd = Command(kind="resume", content=message)
-        return await self.execute(run_id, on_event=on_event, before=self._judged(run_id, cmd, FlowResumed(message=message)))
+        before = self._judged(run_id, cmd, FlowResumed(message=message))
+        if queue:
+            return self.hand_to_pool(run_id, before)
+        return await self.execute(run_id, on_event=on_event, before=before)
 
-    async def retry(self, run_id: str, *, on_event: EventListener | None = None) -> RunSnapshot:
-        """Re-run the failed nodes of a failed run (fresh attempts; the history stays)."""
+    async def retry(self, run_id: str, *, on_event: EventListener | None = None, queue: bool = False) -> RunSnapshot:
+        """Re-run the failed nodes of a failed run (fresh attempts; the history stays); ``queue`` as for resume."""
         cmd = Command(kind="retry")
-        return await self.execute(run_id, on_event=on_event,
-                                  before=self._judged(run_id, cmd, FlowResumed(message=None, retry=True)))
+        before = self._judged(run_id, cmd, FlowResumed(message=None, retry=True))
+        if queue:
+            return self.hand_to_pool(run_id, before)
+        return await self.execute(run_id, on_event=on_event, before=before)
 
     def _judged(self, run_id: str, cmd: Command, then: BaseEvent) -> Callable[[RunSnapshot], list[BaseEvent]]:
         def before(snap: RunSnapshot) -> list[BaseEvent]:
             outcome = judge_command(self.flow_of(run_id), snap, cmd, executing=False)
             if not outcome.accepted:
-                self._append_now(snap, [outcome.record])
-                _raise_if_refused(outcome)
+                raise _Refused(outcome)  # recorded by ``execute``, under the lease it holds
             return [outcome.record, then]
         return before
 
@@ -462,7 +607,7 @@ class Kernel:
                 await done.wait()
             return _raise_if_refused(result[0])
         try:
-            self._acquire(run_id)
+            lease = self._acquire(run_id)
         except RunBusyError:
             return await self._via_store(run_id, cmd, timeout_s)
         try:
@@ -473,12 +618,18 @@ class Kernel:
                 drafts.append(FlowPaused(reason=cmd.reason or "pause requested"))
             elif outcome.accepted and cmd.kind == "abort":
                 drafts.append(FlowComplete(status="aborted", error=cmd.reason or "aborted"))
-            self._append_now(snap, drafts)
+            if snap.status == "queued":
+                if not outcome.accepted:  # nothing is recorded before a run's flow:start
+                    return _raise_if_refused(outcome)
+                # Aborting a queued run starts its log: flow:start, the command, flow:complete.
+                snap = self._start(self.flow_of(run_id), self.store.get_run(run_id), lease).snapshot
+            self._append_now(snap, drafts, lease)
             return _raise_if_refused(outcome)
         finally:
-            self.store.release_lease(run_id, self.owner)
+            self.store.release_lease(run_id, lease)
 
-    def _append_now(self, snap: RunSnapshot, drafts: list[BaseEvent]) -> RunSnapshot:
+    def _append_now(self, snap: RunSnapshot, drafts: list[BaseEvent], lease: Lease, *,
+                    release: bool = False) -> RunSnapshot:
         from flowkernel.reducer import apply
 
         flow = self.flow_of(snap.runId)
@@ -492,7 +643,8 @@ class Kernel:
             snap, _ = apply(flow, snap, ev)
             rows.append((ev.seq, ev.timestamp, body))
         skeleton, blobs = encode_checkpoint(snap)
-        self.store.commit(snap.runId, rows, snap.status, snap.seq, snap.error, skeleton, blobs)
+        self.store.commit(snap.runId, rows, snap.status, snap.seq, snap.error, skeleton, blobs, lease=lease,
+                          release=release)
         return snap
 
     async def _via_store(self, run_id: str, cmd: Command, timeout_s: float) -> CommandOutcome:
@@ -511,6 +663,18 @@ class Kernel:
 
     def close(self) -> None:
         self.store.close()
+
+
+def continue_stopped(snap: RunSnapshot) -> list[BaseEvent]:
+    """What continues a run that nobody executes after a reply or send landed in it."""
+    if snap.status in ("waiting", "running"):
+        return [FlowResumed(message=None)]
+    return []
+
+
+def _interrupted(snap: RunSnapshot) -> bool:
+    """Node runs were in flight when the run's executor went away (they need a resume)."""
+    return snap.status == "running" and any(st == "running" for st in snap.nodeStatus.values())
 
 
 def _raise_if_refused(outcome: CommandOutcome) -> CommandOutcome:

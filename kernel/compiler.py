@@ -93,6 +93,12 @@ class CompiledFlow:
         return dict(state.get("initial") or {})
 
     @property
+    def max_concurrent_runs(self) -> int | None:
+        """``maxConcurrentRuns``: how many runs of this flow the workers execute at once (None: no bound)."""
+        value = self.document.get("maxConcurrentRuns")
+        return value if isinstance(value, int) else None
+
+    @property
     def inputs_schema(self) -> dict[str, Any] | None:
         schema = self.document.get("inputs")
         return schema if isinstance(schema, dict) else None

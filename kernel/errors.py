@@ -84,6 +84,18 @@ class StoreError(FlowkernelError):
     """The store cannot be opened, read or written."""
 
 
+class LeaseLostError(FlowkernelError):
+    """A commit named a lease that no longer holds the run: another execution took it over.
+
+    The execution that gets it stops and writes nothing more; the run goes on elsewhere."""
+
+    def __init__(self, run_id: str, holder: str | None) -> None:
+        whom = f"now held by {holder}" if holder else "since released"
+        super().__init__(f"run {run_id}: this execution lost its lease ({whom}); it stops and writes nothing more")
+        self.run_id = run_id
+        self.holder = holder
+
+
 class NodeFailure(FlowkernelError):
     """Raised by node types for an expected failure; ``error_type`` lands in ``node:error``."""
 

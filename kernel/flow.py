@@ -89,6 +89,8 @@ class Flow(_Model):
     inputs: dict[str, Any] | None = Field(None, description="JSON Schema the run input must satisfy.")
     state: StateSpec = Field(default_factory=lambda: StateSpec())
     maxConcurrency: int = Field(8, ge=1)
+    maxConcurrentRuns: int | None = Field(None, ge=1, description=(
+        "At most this many runs of this flow execute at once across all workers; the rest wait queued."))
     nodes: list[Node]
     edges: list[Edge] = Field(default_factory=list)
 

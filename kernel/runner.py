@@ -24,7 +24,7 @@ from flowkernel.checkpoint import encode_checkpoint
 from flowkernel.commands import Command, CommandOutcome, judge_command, refusal
 from flowkernel.compiler import CompiledFlow
 from flowkernel.context import NodeContext
-from flowkernel.errors import FlowkernelError, NodeFailure, StoreError
+from flowkernel.errors import FlowkernelError, LeaseLostError, NodeFailure, StoreError
 from flowkernel.events import (
     BaseEvent,
     EdgeFire,
@@ -50,7 +50,7 @@ from flowkernel.reducer import ALL, apply, own
 from flowkernel.registry import Registry
 from flowkernel.scheduling import decide
 from flowkernel.snapshot import InboxMessage, RunSnapshot
-from flowkernel.store.base import EventRow, RunTotals, Store
+from flowkernel.store.base import EventRow, Lease, RunTotals, Store
 from msgspec.structs import replace
 
 EventListener = Callable[[BaseEvent], None]
@@ -99,7 +99,7 @@ class RunExecution:
 
     def __init__(self, *, flow: CompiledFlow, snapshot: RunSnapshot, store: Store, registry: Registry,
                  listeners: list[EventListener] | None = None, services: dict[str, Any] | None = None,
-                 checkpoint_size: int = 0, lease_owner: str | None = None) -> None:
+                 checkpoint_size: int = 0, lease: Lease | None = None) -> None:
         self.flow = flow
         self.registry = registry
         self.store = store
@@ -128,11 +128,15 @@ class RunExecution:
         self._tg: TaskGroup | None = None
         self._patched: dict[int, tuple[StatePatch, dict[str, Any], dict[str, Any]]] = {}  # see submit_patch
         self._inline_of: dict[str, bool] = {}  # node -> runs inline (for nodes whose input has no binding)
-        # The lease this execution holds: the commit that stops the run with no node run left ends it.
-        self._lease_owner = lease_owner
+        # The lease this execution holds: every commit is checked against it (fencing), and the commit
+        # that stops the run with no node run left ends it.
+        self._lease = lease
         self.lease_released = False
         # The usage map the run row holds (the reducer replaces it on every agent:usage: an identity check).
         self._usage_stored = self.snap.usage
+        self._lost: LeaseLostError | None = None  # set once another execution has taken the run over
+        # Handing the run over (a worker shutting down): no node run starts; ``_draining`` is set then.
+        self._draining = False
 
     # -- what node contexts use -------------------------------------------------------------
 
@@ -207,7 +211,9 @@ class RunExecution:
                 self._append(draft)
             self._dirty |= set(self.flow.nodes)
             await self._step()
-            while self.snap.status == "running" or self._active:
+            while (self.snap.status == "running" or self._active) and self._lost is None:
+                if self._draining and not self._active:
+                    break  # handed over: the run stays running, for the next executor to continue
                 if self.snap.status != "running":
                     self._stop_tasks()
                     if not self._active:
@@ -226,9 +232,47 @@ class RunExecution:
                 self._queue.clear()
                 for m in batch:
                     self._handle(m)
-                await self._step()
+                if self._lost is None:
+                    await self._step()
             tg.cancel_scope.cancel()
+        if self._lost is not None:
+            raise self._lost
         return self.snap
+
+    def lose_lease(self, error: LeaseLostError) -> None:
+        """Another execution took the run over (seen when renewing): stop at once, commit nothing more."""
+        if self._lost is None:
+            self._lost = error
+            self._rows, self._applied, self._finished_commands = [], [], []
+            self._stop_all()
+            if self._tg is not None:
+                self._tg.cancel_scope.cancel()
+
+    def hand_over(self) -> None:
+        """Stop starting node runs; the execution ends when those in flight have finished (or been
+        stopped with ``stop_node_runs``), leaving the run ``running`` for another executor."""
+        self._draining = True
+        self._put(_Wake())
+
+    def stop_node_runs(self, *, cooperative: bool) -> None:
+        """While handing over: cancel the node runs in flight, except, with ``cooperative``, those of
+        node types that stop at their next step boundary when asked (their step is stored; the next
+        executor resumes them)."""
+        if cooperative:
+            self._pause = True
+            self._pause_event.set()
+        for key, scope in list(self._active.items()):
+            if not (cooperative and scope is not None and self._cooperative(key[0])):
+                if scope is not None:
+                    scope.cancel()
+                self._active.pop(key, None)
+        self._put(_Wake())
+
+    def _stop_all(self) -> None:
+        for key, scope in list(self._active.items()):
+            if scope is not None:
+                scope.cancel()
+            self._active.pop(key, None)
 
     def _handle(self, msg: _Message) -> None:
         if isinstance(msg, BaseEvent):
@@ -366,7 +410,9 @@ class RunExecution:
 
     async def _step(self) -> None:
         while self.snap.status == "running":
-            decision = decide(self.flow, self.snap, self._dirty, len(self._active))
+            # Handing over, no node run may start: the scheduling rules see no free capacity.
+            in_flight = len(self._active) + (self.flow.max_concurrency if self._draining else 0)
+            decision = decide(self.flow, self.snap, self._dirty, in_flight)
             self._dirty = decision.deferred
             if not decision.drafts:
                 break
@@ -387,6 +433,8 @@ class RunExecution:
             if not self._dirty and self._active:
                 break  # nothing to look at again, and the run cannot end with node runs in flight
         self._commit()
+        if self._lost is not None:
+            return
         launch, self._to_launch = self._to_launch, []
         if self.snap.status == "running" and self._tg is not None:
             for s in launch:
@@ -454,18 +502,23 @@ class RunExecution:
         rows, applied, waiters = self._rows, self._applied, self._waiters
         self._rows, self._applied, self._waiters = [], [], []
         # Nothing can follow a stop with no node run in flight: that commit ends the lease too.
-        release = self._lease_owner if stopped and not self._active else None
+        release = stopped and not self._active and self._lease is not None
+        taken, self._finished_commands = self._finished_commands, []
         snap = self.snap
         totals = None if snap.usage is self._usage_stored else RunTotals(snap.usage, snap.totalCostUsd)
         try:
-            self.store.commit(snap.runId, rows, snap.status, snap.seq, snap.error, checkpoint, blobs, release,
-                              totals=totals)
+            self.store.commit(snap.runId, rows, snap.status, snap.seq, snap.error, checkpoint, blobs,
+                              lease=self._lease, release=release, taken=taken, totals=totals)
             self._usage_stored = snap.usage
-            if release is not None:
-                self._lease_owner, self.lease_released = None, True
-            for cid, seq in self._finished_commands:
-                self.store.finish_command(cid, seq)
-            self._finished_commands = []
+            if release:
+                self.lease_released = True
+        except LeaseLostError as exc:
+            # Another execution has the run now: this one stops where it is and writes nothing more.
+            for w in waiters:
+                w.error = exc
+                w.done.set()
+            self.lose_lease(exc)
+            return
         except FlowkernelError as exc:
             # Never run on with unsaved state: stop every node and surface the failure.
             for w in waiters:

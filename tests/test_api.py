@@ -10,6 +10,7 @@ import pytest
 from flowkernel.api import Kernel
 from flowkernel.commands import Command
 from flowkernel.events import BaseEvent
+from flowkernel.store.base import Lease
 from flowkernel.store.sqlite import SqliteStore
 
 import tests.plugins.waiters  # noqa: F401  (registers await_message)
@@ -118,13 +119,13 @@ class _CountingStore(SqliteStore):
         super().put_flow(flow_hash, name, document)
 
     def acquire_lease(self, run_id: str, owner: str, now_ms: int, ttl_ms: int,
-                      steal_from: str | None = None) -> str | None:
+                      steal_from: str | None = None) -> Lease:
         self.extra.append("acquire_lease")
         return super().acquire_lease(run_id, owner, now_ms, ttl_ms, steal_from)
 
-    def release_lease(self, run_id: str, owner: str) -> None:
+    def release_lease(self, run_id: str, lease: Lease) -> None:
         self.extra.append("release_lease")
-        super().release_lease(run_id, owner)
+        super().release_lease(run_id, lease)
 
 
 def test_a_run_is_leased_from_its_creation_until_its_last_commit(tmp_path: Path) -> None:

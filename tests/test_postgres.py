@@ -22,7 +22,7 @@ import anyio
 import pytest
 from flowkernel.api import Kernel
 from flowkernel.errors import StoreError, UnknownRunError
-from flowkernel.store.base import RunRecord, Store
+from flowkernel.store.base import Lease, RunRecord, Store
 from flowkernel.store.sqlite import SqliteStore
 from flowkernel.testing.audit import audit_store
 from msgspec.structs import replace
@@ -177,7 +177,7 @@ def test_a_run_is_created_with_its_flow_and_its_lease_in_one_transaction(open_st
     store.create_run(leased, [_event(1)], b"{}", document='{"name": "f"}')
     assert store.get_flow("h1") == '{"name": "f"}'
     assert (store.get_run("run_a").leaseOwner, store.get_run("run_a").leaseExpiresAt) == ("w1", 5000)
-    assert store.acquire_lease("run_a", "w2", now_ms=4000, ttl_ms=500) == "w1"
+    assert store.acquire_lease("run_a", "w2", now_ms=4000, ttl_ms=500).owner == "w1"
     # A second run of a stored flow leaves the stored document as it is.
     store.create_run(_record("run_b"), [_event(1)], b"{}", document='{"name": "f"}')
     assert store.get_flow("h1") == '{"name": "f"}'
@@ -191,16 +191,10 @@ def test_a_run_is_created_with_its_flow_and_its_lease_in_one_transaction(open_st
 @pytest.mark.no_audit
 def test_the_commit_that_stops_a_run_can_end_its_holders_lease(open_store: Callable[[], Store]) -> None:
     store = open_store()
-    store.create_run(replace(_record("run_a"), leaseOwner="w1", leaseExpiresAt=5000), [_event(1)], b"{}")
-    store.commit("run_a", [_event(2)], "completed", 2, None, None, release="w1")
+    store.create_run(replace(_record("run_a"), leaseOwner="w1", leaseExpiresAt=5000, leaseEpoch=1), [_event(1)], b"{}")
+    store.commit("run_a", [_event(2)], "completed", 2, None, None, lease=Lease("w1", 1), release=True)
     run = store.get_run("run_a")
     assert (run.status, run.seq, run.leaseOwner, run.leaseExpiresAt) == ("completed", 2, None, None)
-
-    # Not the holder any more (the lease was taken over): the status is written, the lease stays.
-    store.create_run(replace(_record("run_b"), leaseOwner="w2", leaseExpiresAt=5000), [_event(1)], b"{}")
-    store.commit("run_b", [_event(2)], "failed", 2, "boom", None, release="w1")
-    run = store.get_run("run_b")
-    assert (run.status, run.error, run.leaseOwner, run.leaseExpiresAt) == ("failed", "boom", "w2", 5000)
 
 
 @pytest.mark.no_audit
@@ -236,18 +230,22 @@ def test_leases_have_one_holder_until_released_expired_or_stolen_from_the_dead(
         open_store: Callable[[], Store]) -> None:
     w1, w2 = open_store(), open_store()
     w1.create_run(_record("run_a"), [_event(1)], b"{}")
-    assert w1.acquire_lease("run_a", "w1", now_ms=1000, ttl_ms=500) is None
-    assert w1.acquire_lease("run_a", "w1", now_ms=1200, ttl_ms=500) is None, "the holder renews"
-    assert w2.acquire_lease("run_a", "w2", now_ms=1300, ttl_ms=500) == "w1"
+    first = w1.acquire_lease("run_a", "w1", now_ms=1000, ttl_ms=500)
+    assert first == Lease("w1", 1)
+    assert w1.renew_lease("run_a", first, now_ms=1200, ttl_ms=500), "the holder renews"
+    assert w2.acquire_lease("run_a", "w2", now_ms=1300, ttl_ms=500) == first, "held: the holder's lease comes back"
     assert w2.get_run("run_a").leaseOwner == "w1"
-    assert w2.acquire_lease("run_a", "w2", now_ms=1300, ttl_ms=500, steal_from="w1") is None
-    assert w1.acquire_lease("run_a", "w1", now_ms=1400, ttl_ms=500) == "w2"
-    w1.release_lease("run_a", "w1")  # not the holder: changes nothing
+    stolen = w2.acquire_lease("run_a", "w2", now_ms=1300, ttl_ms=500, steal_from="w1")
+    assert stolen == Lease("w2", 2), "every grant is a new epoch"
+    assert w1.acquire_lease("run_a", "w1", now_ms=1400, ttl_ms=500) == stolen
+    assert not w1.renew_lease("run_a", first, now_ms=1400, ttl_ms=500), "a lease taken over cannot be renewed"
+    w1.release_lease("run_a", first)  # not the holder: changes nothing
     assert w1.get_run("run_a").leaseOwner == "w2"
-    assert w1.acquire_lease("run_a", "w1", now_ms=1801, ttl_ms=500) is None, "an expired lease is free"
-    w1.release_lease("run_a", "w1")
+    again = w1.acquire_lease("run_a", "w1", now_ms=1801, ttl_ms=500)
+    assert again == Lease("w1", 3), "an expired lease is free"
+    w1.release_lease("run_a", again)
     assert w2.get_run("run_a").leaseOwner is None
-    assert w2.acquire_lease("run_a", "w2", now_ms=1900, ttl_ms=500) is None
+    assert w2.acquire_lease("run_a", "w2", now_ms=1900, ttl_ms=500) == Lease("w2", 4)
 
 
 @pytest.mark.no_audit
@@ -287,13 +285,13 @@ def test_racing_workers_on_one_lease_get_exactly_one_winner(pg_url: str) -> None
         for attempt in range(10):
             run_id = f"run_{attempt}"
             setup.create_run(_record(run_id), [_event(1)], b"{}")
-            results: dict[str, str | None] = {}
+            results: dict[str, str] = {}
             start = threading.Barrier(len(workers))
 
             def race(i: int, store: Store, run_id: str, start: threading.Barrier,
-                     results: dict[str, str | None]) -> None:
+                     results: dict[str, str]) -> None:
                 start.wait()
-                results[f"w{i}"] = store.acquire_lease(run_id, f"w{i}", 1000, 60_000)
+                results[f"w{i}"] = store.acquire_lease(run_id, f"w{i}", 1000, 60_000).owner
 
             threads = [threading.Thread(target=race, args=(i, s, run_id, start, results))
                        for i, s in enumerate(workers)]
@@ -301,7 +299,7 @@ def test_racing_workers_on_one_lease_get_exactly_one_winner(pg_url: str) -> None
                 t.start()
             for t in threads:
                 t.join()
-            winners = [w for w, holder in results.items() if holder is None]
+            winners = [w for w, holder in results.items() if holder == w]
             assert len(winners) == 1, results
             assert all(holder == winners[0] for w, holder in results.items() if w != winners[0]), results
             assert setup.get_run(run_id).leaseOwner == winners[0]

@@ -1,8 +1,15 @@
-"""The store protocol: runs, their event log, snapshot checkpoints, commands, leases, agent rows.
+"""The store protocol: runs, their event log, snapshot checkpoints, commands, leases, agent rows,
+the queue of runs and the workers that execute them.
 
 A run's snapshot is stored as a checkpoint plus the events after it; ``commit`` appends events and
 updates the run row in one transaction, and writes a new checkpoint only when asked (compaction),
 so a transition costs what changed, not the size of the run.
+
+One execution at a time: a run is executed under a **lease** (owner, epoch, expiry). Every grant
+of a lease gives it a new epoch, and every commit of an execution names the lease it holds: the
+store refuses the commit (``LeaseLostError``) unless owner and epoch still match, checked in the
+commit's own transaction. An executor that was paused past its lease (SIGSTOP, a long GC, a
+partition) therefore can never write again once another has taken the run over.
 """
 
 from __future__ import annotations
@@ -37,6 +44,9 @@ class RunRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
     idempotencyKey: str | None = None
     # Handed out in commit order: the key of keyset pages of runs (newest first).
     runNo: int | None = None
+    leaseEpoch: int = 0  # grows with every grant of the lease (fencing: see the module docstring)
+    pooled: bool = False  # executed by the worker pool: queued at creation, recovered when orphaned
+    maxRuns: int | None = None  # the flow's maxConcurrentRuns when the run was created
 
 
 class RunTotals(msgspec.Struct, frozen=True):
@@ -46,11 +56,49 @@ class RunTotals(msgspec.Struct, frozen=True):
     totalCostUsd: float
 
 
+class Lease(msgspec.Struct, frozen=True):
+    """One execution's hold on a run: ``owner`` (the process) and ``epoch`` (which grant)."""
+
+    owner: str
+    epoch: int
+
+
+class Claim(msgspec.Struct, frozen=True):
+    """A run a worker claimed: ``status`` ``queued`` (start it) or ``running`` (an orphan: recover it)."""
+
+    runId: str
+    status: str
+    lease: Lease
+
+
+class WorkerRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """A worker process, as it registered itself; ``runs`` are the runs whose lease it holds."""
+
+    workerId: str
+    host: str
+    pid: int
+    startedAt: int
+    heartbeatAt: int
+    concurrency: int
+    leaseMs: int
+    runs: list[str] = msgspec.field(default_factory=list)
+
+
 class CommandRow(msgspec.Struct, kw_only=True):
     id: int
     runId: str
     body: dict[str, Any]
     createdAt: int
+
+
+class Listener(Protocol):
+    """Wake-ups from the store: a run was queued or handed over, or a command was stored."""
+
+    def wait(self, timeout_s: float) -> bool:
+        """Block until a wake-up arrives (True) or ``timeout_s`` passes (False)."""
+        ...
+
+    def close(self) -> None: ...
 
 
 class Store(Protocol):
@@ -84,11 +132,15 @@ class Store(Protocol):
     # the log
     def commit(self, run_id: str, events: Sequence[EventRow],
                status: str, seq: int, error: str | None, checkpoint: bytes | None,
-               blobs: Mapping[str, bytes] | None = None, release: str | None = None, *,
+               blobs: Mapping[str, bytes] | None = None, *, lease: Lease | None = None,
+               release: bool = False, taken: Sequence[tuple[int, int]] = (),
                totals: RunTotals | None = None) -> None:
-        """Append events and set the run's status, in one transaction; ``release`` names a lease
-        holder whose lease ends with this commit (if it still holds it); ``totals``: the run's usage
-        and cost changed."""
+        """Append events and set the run's status, in one transaction.
+
+        ``lease``: the commit happens only if that lease still holds the run (else ``LeaseLostError``,
+        and nothing is written); ``release`` ends it with this commit. ``taken``: (command id, seq of
+        its ``command:received``) pairs marked taken in the same transaction, so a command is never
+        taken twice, whatever the crash point. ``totals``: the run's usage and cost changed."""
         ...
     def read_blobs(self, keys: Iterable[str]) -> dict[str, bytes]: ...
     def read_events(self, run_id: str, after: int = 0, until: int | None = None) -> list[bytes]: ...
@@ -105,11 +157,35 @@ class Store(Protocol):
 
     # one executor per run
     def acquire_lease(self, run_id: str, owner: str, now_ms: int, ttl_ms: int,
-                      steal_from: str | None = None) -> str | None:
-        """Take or renew the lease; returns the other holder if it is held. ``steal_from`` names a
-        holder known to be dead, whose lease is taken over before it expires."""
+                      steal_from: str | None = None) -> Lease:
+        """Take the lease for a new execution by ``owner`` (a new epoch); returns the lease as it
+        stands: ``owner``'s, or the other holder's if it is held and unexpired. ``steal_from`` names
+        a holder known to be dead, whose lease is taken over before it expires."""
         ...
-    def release_lease(self, run_id: str, owner: str) -> None: ...
+    def renew_lease(self, run_id: str, lease: Lease, now_ms: int, ttl_ms: int) -> bool:
+        """Extend ``lease``; False if it no longer holds the run (another execution took it over)."""
+        ...
+    def release_lease(self, run_id: str, lease: Lease) -> None:
+        """End ``lease`` if it still holds the run; a queue wake-up goes out if the run is left running."""
+        ...
+
+    # the queue and the workers (DESIGN §11)
+    def claim_runs(self, owner: str, now_ms: int, ttl_ms: int, limit: int,
+                   dead: Sequence[str] = ()) -> list[Claim]:
+        """Lease up to ``limit`` runs to ``owner`` in one transaction, oldest first: ``queued`` runs,
+        and pooled top-level ``running`` runs whose lease is free, expired or held by one of the
+        ``dead``. A queued run of a flow with ``maxRuns`` is claimed only while fewer pooled runs of
+        that flow are running or starting."""
+        ...
+    def register_worker(self, worker: WorkerRecord) -> None: ...
+    def heartbeat(self, worker_id: str, now_ms: int) -> None: ...
+    def remove_worker(self, worker_id: str) -> None: ...
+    def list_workers(self) -> list[WorkerRecord]:
+        """Registered workers (live or not: see ``flowkernel.worker.live_workers``), each with its runs."""
+        ...
+    def listen(self) -> Listener | None:
+        """A listener for the store's wake-ups (PostgreSQL LISTEN/NOTIFY), or None where workers poll."""
+        ...
 
     # telemetry (DESIGN §12): the W3C traceparent every execution of a run continues
     def get_trace_context(self, run_id: str) -> str | None: ...

@@ -7,10 +7,19 @@ import threading
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from flowkernel.errors import StoreError, UnknownRunError
+from flowkernel.errors import LeaseLostError, StoreError, UnknownRunError
 from flowkernel.events import USAGE_KEYS
 from flowkernel.ids import now_ms
-from flowkernel.store.base import CommandRow, EventRow, RunRecord, RunTotals
+from flowkernel.store.base import (
+    Claim,
+    CommandRow,
+    EventRow,
+    Lease,
+    Listener,
+    RunRecord,
+    RunTotals,
+    WorkerRecord,
+)
 from msgspec.structs import replace
 
 
@@ -30,6 +39,7 @@ class MemoryStore:
         self._messages: list[dict[str, Any]] = []
         self._traces: dict[str, str] = {}
         self._tool_calls: list[dict[str, Any]] = []
+        self._workers: dict[str, WorkerRecord] = {}
 
     def put_flow(self, flow_hash: str, name: str, document: str) -> None:
         self._flows.setdefault(flow_hash, document)
@@ -52,7 +62,7 @@ class MemoryStore:
             self._blobs.update(blobs or {})
             self._runs[record.runId] = replace(record, runNo=next(self._run_nos))
             self._events[record.runId] = [row[2] for row in events]
-            self._checkpoints[record.runId] = [(record.seq, checkpoint)]
+            self._checkpoints[record.runId] = [(record.seq, checkpoint)] if events else []
             self._version += 1
 
     def get_run(self, run_id: str) -> RunRecord:
@@ -96,22 +106,28 @@ class MemoryStore:
         return out
 
     def commit(self, run_id: str, events: Sequence[EventRow], status: str, seq: int, error: str | None,
-               checkpoint: bytes | None, blobs: Mapping[str, bytes] | None = None, release: str | None = None, *,
+               checkpoint: bytes | None, blobs: Mapping[str, bytes] | None = None, *, lease: Lease | None = None,
+               release: bool = False, taken: Sequence[tuple[int, int]] = (),
                totals: RunTotals | None = None) -> None:
         with self._lock:
-            self._blobs.update(blobs or {})
+            rec = self.get_run(run_id)
+            if lease is not None and (rec.leaseOwner != lease.owner or rec.leaseEpoch != lease.epoch):
+                raise LeaseLostError(run_id, rec.leaseOwner)
             log = self._events[run_id]
             if events and events[0][0] != len(log) + 1:
                 raise StoreError(f"run {run_id}: seq {events[0][0]} does not follow {len(log)}")
+            self._blobs.update(blobs or {})
             log.extend(row[2] for row in events)
-            rec = replace(self._runs[run_id], status=status, seq=seq, error=error, updatedAt=now_ms())
+            rec = replace(rec, status=status, seq=seq, error=error, updatedAt=now_ms())
             if totals is not None:
                 rec = replace(rec, usage=dict(totals.usage), totalCostUsd=totals.totalCostUsd)
-            if release is not None and rec.leaseOwner == release:
+            if release and lease is not None:
                 rec = replace(rec, leaseOwner=None, leaseExpiresAt=None)
             self._runs[run_id] = rec
             if checkpoint is not None:
                 self._checkpoints[run_id] = [(seq, checkpoint)]
+            for command_id, received in taken:
+                self._commands[command_id] = (self._commands[command_id][0], received)
             self._version += 1
 
     def read_events(self, run_id: str, after: int = 0, until: int | None = None) -> list[bytes]:
@@ -149,13 +165,12 @@ class MemoryStore:
         return self._version
 
     def acquire_lease(self, run_id: str, owner: str, now_ms: int, ttl_ms: int,
-                      steal_from: str | None = None) -> str | None:
+                      steal_from: str | None = None) -> Lease:
         with self._lock:
             rec = self.get_run(run_id)
             if rec.leaseOwner not in (None, owner, steal_from) and (rec.leaseExpiresAt or 0) > now_ms:
-                return rec.leaseOwner
-            self._runs[run_id] = replace(rec, leaseOwner=owner, leaseExpiresAt=now_ms + ttl_ms)
-            return None
+                return Lease(rec.leaseOwner or "", rec.leaseEpoch)
+            return self._grant(rec, owner, now_ms + ttl_ms)
 
     def get_trace_context(self, run_id: str) -> str | None:
         return self._traces.get(run_id)
@@ -163,11 +178,64 @@ class MemoryStore:
     def set_trace_context(self, run_id: str, trace_context: str) -> None:
         self._traces.setdefault(run_id, trace_context)
 
-    def release_lease(self, run_id: str, owner: str) -> None:
+    def _grant(self, rec: RunRecord, owner: str, expires: int) -> Lease:
+        lease = Lease(owner, rec.leaseEpoch + 1)
+        self._runs[rec.runId] = replace(rec, leaseOwner=owner, leaseExpiresAt=expires, leaseEpoch=lease.epoch)
+        return lease
+
+    def renew_lease(self, run_id: str, lease: Lease, now_ms: int, ttl_ms: int) -> bool:
+        with self._lock:
+            rec = self.get_run(run_id)
+            if rec.leaseOwner != lease.owner or rec.leaseEpoch != lease.epoch:
+                return False
+            self._runs[run_id] = replace(rec, leaseExpiresAt=now_ms + ttl_ms)
+            return True
+
+    def release_lease(self, run_id: str, lease: Lease) -> None:
         with self._lock:
             rec = self._runs.get(run_id)
-            if rec is not None and rec.leaseOwner == owner:
+            if rec is not None and rec.leaseOwner == lease.owner and rec.leaseEpoch == lease.epoch:
                 self._runs[run_id] = replace(rec, leaseOwner=None, leaseExpiresAt=None)
+
+    def claim_runs(self, owner: str, now_ms: int, ttl_ms: int, limit: int,
+                   dead: Sequence[str] = ()) -> list[Claim]:
+        with self._lock:
+            claims: list[Claim] = []
+            for rec in sorted(self._runs.values(), key=lambda r: r.createdAt):
+                if len(claims) >= limit:
+                    break
+                free = rec.leaseOwner is None or (rec.leaseExpiresAt or 0) < now_ms or rec.leaseOwner in dead
+                orphan = rec.status == "running" and rec.pooled and rec.parentRunId is None
+                if not free or not (rec.status == "queued" or orphan):
+                    continue
+                if rec.status == "queued" and rec.maxRuns is not None and \
+                        self._slots_taken(rec.flowName, now_ms) >= rec.maxRuns:
+                    continue
+                claims.append(Claim(runId=rec.runId, status=rec.status, lease=self._grant(rec, owner, now_ms + ttl_ms)))
+            return claims
+
+    def _slots_taken(self, flow_name: str, now_ms: int) -> int:
+        return sum(1 for r in self._runs.values() if r.flowName == flow_name and r.pooled and (
+            r.status == "running" or (r.status == "queued" and r.leaseOwner is not None
+                                      and (r.leaseExpiresAt or 0) >= now_ms)))
+
+    def register_worker(self, worker: WorkerRecord) -> None:
+        self._workers[worker.workerId] = worker
+
+    def heartbeat(self, worker_id: str, now_ms: int) -> None:
+        if worker_id in self._workers:
+            self._workers[worker_id] = replace(self._workers[worker_id], heartbeatAt=now_ms)
+
+    def remove_worker(self, worker_id: str) -> None:
+        self._workers.pop(worker_id, None)
+
+    def list_workers(self) -> list[WorkerRecord]:
+        return [replace(w, runs=[r.runId for r in sorted(self._runs.values(), key=lambda r: r.createdAt)
+                                 if r.leaseOwner == w.workerId])
+                for w in sorted(self._workers.values(), key=lambda w: (w.startedAt, w.workerId))]
+
+    def listen(self) -> Listener | None:
+        return None
 
     def add_agent_message(self, row: dict[str, Any]) -> int:
         with self._lock:

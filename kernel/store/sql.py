@@ -16,16 +16,26 @@ from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, ClassVar
 
-from flowkernel.errors import StoreError, UnknownRunError
+from flowkernel.errors import LeaseLostError, StoreError, UnknownRunError
 from flowkernel.events import USAGE_KEYS
 from flowkernel.ids import now_ms
-from flowkernel.store.base import CommandRow, EventRow, RunRecord, RunTotals
+from flowkernel.store.base import (
+    Claim,
+    CommandRow,
+    EventRow,
+    Lease,
+    Listener,
+    RunRecord,
+    RunTotals,
+    WorkerRecord,
+)
 
-SCHEMA_VERSION = 7  # 2: content-addressed checkpoint blobs; 3: events keyed by run number and seq;
+SCHEMA_VERSION = 8  # 2: content-addressed checkpoint blobs; 3: events keyed by run number and seq;
 # 4: an event row is its key, its time and its body (the rest was in the body already);
 # 5: a run's usage and cost, idempotency keys, agent runs, indexes for keyset pages;
 # 6: an assistant message keeps the model call that produced it (model, id, stop reason, usage);
-# 7: a run's trace context (run_traces), so every execution of a run is in one trace
+# 7: a run's trace context (run_traces), so every execution of a run is in one trace;
+# 8: the queue and the workers: lease epochs (fencing), pooled runs, maxConcurrentRuns, a workers table
 
 # An event's key is ``run_no * RUN_SPAN + seq``: one integer key, so the log is a single b-tree that
 # grows at its right edge (no secondary index to keep balanced on every commit).
@@ -71,10 +81,18 @@ SCHEMA_TEMPLATE = [
         created_at BIGINT NOT NULL, updated_at BIGINT NOT NULL, lease_owner TEXT, lease_expires_at BIGINT,
         run_no BIGINT, input_tokens BIGINT NOT NULL DEFAULT 0, output_tokens BIGINT NOT NULL DEFAULT 0,
         cache_creation_input_tokens BIGINT NOT NULL DEFAULT 0, cache_read_input_tokens BIGINT NOT NULL DEFAULT 0,
-        cost_usd DOUBLE PRECISION NOT NULL DEFAULT 0, idempotency_key TEXT)""",
+        cost_usd DOUBLE PRECISION NOT NULL DEFAULT 0, idempotency_key TEXT,
+        lease_epoch BIGINT NOT NULL DEFAULT 0, pool INTEGER NOT NULL DEFAULT 0, max_runs INTEGER)""",
     "CREATE UNIQUE INDEX IF NOT EXISTS runs_run_no ON runs (run_no)",
     "CREATE INDEX IF NOT EXISTS runs_status ON runs (status, created_at)",
     "CREATE INDEX IF NOT EXISTS runs_parent ON runs (parent_run_id)",
+    # maxConcurrentRuns counts a flow's running runs; prune walks stopped runs by age; workers list their runs.
+    "CREATE INDEX IF NOT EXISTS runs_flow_status ON runs (flow_name, status)",
+    "CREATE INDEX IF NOT EXISTS runs_status_updated ON runs (status, updated_at)",
+    "CREATE INDEX IF NOT EXISTS runs_lease_owner ON runs (lease_owner)",
+    """CREATE TABLE IF NOT EXISTS workers (
+        worker_id TEXT PRIMARY KEY, host TEXT NOT NULL, pid BIGINT NOT NULL, started_at BIGINT NOT NULL,
+        heartbeat_at BIGINT NOT NULL, concurrency INTEGER NOT NULL, lease_ms BIGINT NOT NULL)""",
     "CREATE TABLE IF NOT EXISTS events (id {key}, ts BIGINT NOT NULL, body {body} NOT NULL)",
     """CREATE TABLE IF NOT EXISTS checkpoints (
         run_id TEXT PRIMARY KEY, seq BIGINT NOT NULL, body {body} NOT NULL)""",
@@ -150,6 +168,11 @@ def migrations(*, id: str, key: str, body: str) -> dict[int, list[str]]:
             "ALTER TABLE agent_messages ADD COLUMN model_call TEXT",
         ],
         6: [],  # version 7 only added the run_traces table, which SCHEMA creates if missing
+        7: [  # the workers table and the new indexes come from the schema, created if missing
+            "ALTER TABLE runs ADD COLUMN lease_epoch BIGINT NOT NULL DEFAULT 0",
+            "ALTER TABLE runs ADD COLUMN pool INTEGER NOT NULL DEFAULT 0",
+            "ALTER TABLE runs ADD COLUMN max_runs INTEGER",
+        ],
     }
 
 
@@ -157,15 +180,19 @@ _USAGE_COLUMNS = ("input_tokens", "output_tokens", "cache_creation_input_tokens"
                   "cost_usd")
 _RUN_COLUMNS = ("run_id, flow_name, flow_hash, status, seq, input, created_at, updated_at, error, parent_run_id, "
                 "parent_node_run_id, forked_from, forked_at, flow_source, lease_owner, lease_expires_at, idempotency_key, "
-                f"{', '.join(_USAGE_COLUMNS)}")
+                f"{', '.join(_USAGE_COLUMNS)}, lease_epoch, pool, max_runs")
 # The run row is rewritten only when the status changes; the latest seq and time come from the log.
 _LAST_EVENT = (f"FROM events e WHERE e.id BETWEEN runs.run_no * {RUN_SPAN} AND runs.run_no * {RUN_SPAN} + "
                f"{RUN_SPAN - 1} ORDER BY e.id DESC LIMIT 1")
+# A queued run has no events yet: its row's own seq (0) and time stand.
 _RUN_SELECT = (
-    f"run_id, flow_name, flow_hash, status, (SELECT e.id - runs.run_no * {RUN_SPAN} {_LAST_EVENT}), input, created_at, "
-    f"(SELECT e.ts {_LAST_EVENT}), error, "
+    f"run_id, flow_name, flow_hash, status, COALESCE((SELECT e.id - runs.run_no * {RUN_SPAN} {_LAST_EVENT}), seq), "
+    f"input, created_at, COALESCE((SELECT e.ts {_LAST_EVENT}), updated_at), error, "
     "parent_run_id, parent_node_run_id, forked_from, forked_at, flow_source, lease_owner, lease_expires_at, "
-    f"idempotency_key, run_no, {', '.join(_USAGE_COLUMNS)}")
+    f"idempotency_key, run_no, {', '.join(_USAGE_COLUMNS)}, lease_epoch, pool, max_runs")
+# A pooled run holding one of its flow's maxConcurrentRuns slots; ``?`` is the time now.
+_SLOT_TAKEN = ("x.pool = 1 AND (x.status = 'running' OR "
+               "(x.status = 'queued' AND x.lease_owner IS NOT NULL AND x.lease_expires_at >= ?))")
 _MESSAGE_COLUMNS = "id, flow_run_id, run_id, node_id, session_id, role, content, step, created_at, model_call"
 _TOOL_CALL_COLUMNS = ("id, flow_run_id, run_id, node_id, session_id, message_id, tool_name, tool_use_id, input, "
                       "output, status, duration_ms, step, created_at")
@@ -176,7 +203,8 @@ def _record(row: Sequence[Any]) -> RunRecord:
                      input=json.loads(row[5]), createdAt=row[6], updatedAt=row[7], error=row[8],
                      parentRunId=row[9], parentNodeRunId=row[10], forkedFrom=row[11], forkedAt=row[12],
                      flowSource=row[13], leaseOwner=row[14], leaseExpiresAt=row[15], idempotencyKey=row[16],
-                     runNo=row[17], usage=_usage(row[18:22]), totalCostUsd=float(row[22]))
+                     runNo=row[17], usage=_usage(row[18:22]), totalCostUsd=float(row[22]), leaseEpoch=int(row[23]),
+                     pooled=bool(row[24]), maxRuns=row[25])
 
 
 def _usage(values: Sequence[Any]) -> dict[str, int]:
@@ -212,7 +240,7 @@ class SqlStore(ABC):
     _sql_insert_flow: ClassVar[str] = ("INSERT INTO flows (hash, name, document, created_at) VALUES (?, ?, ?, ?) "
                                        "ON CONFLICT (hash) DO NOTHING")
     _sql_get_flow: ClassVar[str] = "SELECT document FROM flows WHERE hash = ?"
-    _sql_insert_run: ClassVar[str] = f"INSERT INTO runs ({_RUN_COLUMNS}) VALUES ({', '.join('?' * 22)})"
+    _sql_insert_run: ClassVar[str] = f"INSERT INTO runs ({_RUN_COLUMNS}) VALUES ({', '.join('?' * 25)})"
     _sql_set_totals: ClassVar[str] = (f"UPDATE runs SET {' = ?, '.join(_USAGE_COLUMNS)} = ? WHERE run_id = ?")
     _sql_find_idempotent: ClassVar[str] = f"SELECT {_RUN_SELECT} FROM runs WHERE idempotency_key = ?"
     _sql_get_run: ClassVar[str] = f"SELECT {_RUN_SELECT} FROM runs WHERE run_id = ?"
@@ -225,11 +253,12 @@ class SqlStore(ABC):
     _sql_run_no: ClassVar[str] = "SELECT run_no FROM runs WHERE run_id = ?"
     _sql_update_status: ClassVar[str] = ("UPDATE runs SET status = ?, seq = ?, error = ?, updated_at = ? "
                                          "WHERE run_id = ?")
-    # The same, ending the lease of a holder (if it still holds it): SET sees the row as it was.
+    # The same, ending the lease the commit was checked against.
     _sql_update_status_release: ClassVar[str] = (
-        "UPDATE runs SET status = ?, seq = ?, error = ?, updated_at = ?, "
-        "lease_expires_at = CASE WHEN lease_owner = ? THEN NULL ELSE lease_expires_at END, "
-        "lease_owner = CASE WHEN lease_owner = ? THEN NULL ELSE lease_owner END WHERE run_id = ?")
+        "UPDATE runs SET status = ?, seq = ?, error = ?, updated_at = ?, lease_owner = NULL, lease_expires_at = NULL "
+        "WHERE run_id = ?")
+    # Fencing: read in the commit's own transaction (PostgreSQL adds a row lock that holds until it ends).
+    _sql_lease_check: ClassVar[str] = "SELECT lease_owner, lease_epoch FROM runs WHERE run_id = ?"
     _sql_read_events: ClassVar[str] = "SELECT body FROM events WHERE id > ? AND id <= ? ORDER BY id"
     _sql_read_checkpoint: ClassVar[str] = ("SELECT seq, body FROM checkpoints WHERE run_id = ? AND seq <= ? "
                                            "ORDER BY seq DESC LIMIT 1")
@@ -239,13 +268,42 @@ class SqlStore(ABC):
                                             "WHERE run_id = ? AND taken_seq IS NULL ORDER BY id")
     # Taken: its record is in the log now (a refused one with a preview only), so the body can go.
     _sql_finish_command: ClassVar[str] = "UPDATE commands SET taken_seq = ?, body = '{}' WHERE id = ?"
-    _sql_lease_select: ClassVar[str] = "SELECT lease_owner, lease_expires_at FROM runs WHERE run_id = ?"
-    _sql_lease_take: ClassVar[str] = "UPDATE runs SET lease_owner = ?, lease_expires_at = ? WHERE run_id = ?"
+    _sql_lease_select: ClassVar[str] = "SELECT lease_owner, lease_expires_at, lease_epoch FROM runs WHERE run_id = ?"
+    _sql_lease_take: ClassVar[str] = ("UPDATE runs SET lease_owner = ?, lease_expires_at = ?, lease_epoch = ? "
+                                      "WHERE run_id = ?")
+    _sql_lease_renew: ClassVar[str] = ("UPDATE runs SET lease_expires_at = ? "
+                                       "WHERE run_id = ? AND lease_owner = ? AND lease_epoch = ?")
     _sql_lease_release: ClassVar[str] = ("UPDATE runs SET lease_owner = NULL, lease_expires_at = NULL "
-                                         "WHERE run_id = ? AND lease_owner = ?")
+                                         "WHERE run_id = ? AND lease_owner = ? AND lease_epoch = ? RETURNING status, pool")
     _sql_get_trace: ClassVar[str] = "SELECT trace_context FROM run_traces WHERE run_id = ?"
     _sql_set_trace: ClassVar[str] = ("INSERT INTO run_traces (run_id, trace_context) VALUES (?, ?) "
                                      "ON CONFLICT (run_id) DO NOTHING")
+    # The queue. Runs a worker may claim: queued ones, and pooled top-level running ones whose executor
+    # is gone (child runs are driven by their parent's flow.call node, so they follow their parent).
+    # {dead} is replaced per call by ``OR lease_owner IN (…)``, or nothing.
+    _sql_claimable: ClassVar[str] = (
+        "(status = 'queued' OR (status = 'running' AND pool = 1 AND parent_run_id IS NULL)) "
+        "AND (lease_owner IS NULL OR lease_expires_at < ?{dead})")
+    # A queued run of a flow with maxConcurrentRuns waits while that many pooled runs of the flow are
+    # running (orphans included: they keep their slot until recovered) or claimed and starting.
+    _sql_slots_taken: ClassVar[str] = f"SELECT COUNT(*) FROM runs x WHERE x.flow_name = ? AND {_SLOT_TAKEN}"
+    # The same test inside the claim's SELECT, so that a flow at its limit cannot hold up the runs
+    # queued behind it (the count is taken again under the flow's lock before a run is leased).
+    _sql_has_slot: ClassVar[str] = ("(max_runs IS NULL OR status = 'running' OR "
+                                    f"(SELECT COUNT(*) FROM runs x WHERE x.flow_name = runs.flow_name AND {_SLOT_TAKEN}) "
+                                    "< max_runs)")
+    _sql_claim_take: ClassVar[str] = ("UPDATE runs SET lease_owner = ?, lease_expires_at = ?, lease_epoch = ? "
+                                      "WHERE run_id = ?")
+    _sql_register_worker: ClassVar[str] = (
+        "INSERT INTO workers (worker_id, host, pid, started_at, heartbeat_at, concurrency, lease_ms) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (worker_id) DO UPDATE SET heartbeat_at = excluded.heartbeat_at, "
+        "concurrency = excluded.concurrency, lease_ms = excluded.lease_ms")
+    _sql_heartbeat: ClassVar[str] = "UPDATE workers SET heartbeat_at = ? WHERE worker_id = ?"
+    _sql_remove_worker: ClassVar[str] = "DELETE FROM workers WHERE worker_id = ?"
+    _sql_list_workers: ClassVar[str] = ("SELECT worker_id, host, pid, started_at, heartbeat_at, concurrency, lease_ms "
+                                        "FROM workers ORDER BY started_at, worker_id")
+    _sql_held_runs: ClassVar[str] = ("SELECT lease_owner, run_id FROM runs WHERE lease_owner IS NOT NULL "
+                                     "ORDER BY created_at")
     _sql_insert_message: ClassVar[str] = (
         "INSERT INTO agent_messages (flow_run_id, run_id, node_id, session_id, role, content, step, created_at, "
         "model_call) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id")
@@ -326,14 +384,18 @@ class SqlStore(ABC):
                  json.dumps(record.input), record.createdAt, record.updatedAt, record.error,
                  record.parentRunId, record.parentNodeRunId, record.forkedFrom, record.forkedAt,
                  record.flowSource, record.leaseOwner, record.leaseExpiresAt, record.idempotencyKey,
-                 *(record.usage.get(k, 0) for k in USAGE_KEYS), record.totalCostUsd))
+                 *(record.usage.get(k, 0) for k in USAGE_KEYS), record.totalCostUsd, record.leaseEpoch,
+                 int(record.pooled), record.maxRuns))
             self._lock_run_numbers(db)
             run_no = int(db.execute(self._sql_next_run_no).fetchone()[0])
             db.execute(self._sql_set_run_no, (run_no, record.runId))
             self._run_nos[record.runId] = run_no
             self._insert_events(db, record.runId, events)
             self._insert_blobs(db, blobs)
-            db.execute(self._sql_put_checkpoint, (record.runId, record.seq, self._enc(checkpoint)))
+            if events:  # a queued run has neither events nor a checkpoint until a worker starts it
+                db.execute(self._sql_put_checkpoint, (record.runId, record.seq, self._enc(checkpoint)))
+            elif record.status == "queued":
+                self._notify_queue(db)
 
     def _insert_blobs(self, db: Any, blobs: Mapping[str, bytes] | None) -> None:
         # Content-addressed: a blob that exists already is the same bytes; writing it again changes nothing.
@@ -437,23 +499,34 @@ class SqlStore(ABC):
     # -- the log ----------------------------------------------------------------------------
 
     def commit(self, run_id: str, events: Sequence[EventRow], status: str, seq: int, error: str | None,
-               checkpoint: bytes | None, blobs: Mapping[str, bytes] | None = None, release: str | None = None, *,
+               checkpoint: bytes | None, blobs: Mapping[str, bytes] | None = None, *, lease: Lease | None = None,
+               release: bool = False, taken: Sequence[tuple[int, int]] = (),
                totals: RunTotals | None = None) -> None:
         try:
             with self._tx(self._OUT_OF_ORDER, run_id) as db:
+                if lease is not None:
+                    row = db.execute(self._sql_lease_check, (run_id,)).fetchone()
+                    if row is None:
+                        raise UnknownRunError(run_id, self.location)
+                    if row[0] != lease.owner or row[1] != lease.epoch:
+                        raise LeaseLostError(run_id, row[0])
                 self._insert_events(db, run_id, events)
                 if totals is not None:
                     db.execute(self._sql_set_totals, (*(totals.usage.get(k, 0) for k in USAGE_KEYS),
                                                       totals.totalCostUsd, run_id))
-                if release is not None:
-                    db.execute(self._sql_update_status_release, (status, seq, error, now_ms(), release, release, run_id))
+                if release and lease is not None:
+                    db.execute(self._sql_update_status_release, (status, seq, error, now_ms(), run_id))
+                    if status == "running":
+                        self._notify_queue(db)  # left running for the pool: wake a worker
                 elif self._known_status.get(run_id) != (status, error):
                     db.execute(self._sql_update_status, (status, seq, error, now_ms(), run_id))
                 self._insert_blobs(db, blobs)
                 if checkpoint is not None:
                     db.execute(self._sql_put_checkpoint, (run_id, seq, self._enc(checkpoint)))
+                for command_id, received in taken:
+                    db.execute(self._sql_finish_command, (received, command_id))
             self._known_status[run_id] = (status, error)
-        except StoreError:
+        except (StoreError, LeaseLostError):
             self._known_status.pop(run_id, None)
             raise
 
@@ -498,20 +571,87 @@ class SqlStore(ABC):
     # -- leases -----------------------------------------------------------------------------
 
     def acquire_lease(self, run_id: str, owner: str, now_ms: int, ttl_ms: int,
-                      steal_from: str | None = None) -> str | None:
+                      steal_from: str | None = None) -> Lease:
         with self._tx() as db:
             row = db.execute(self._sql_lease_select, (run_id,)).fetchone()
             if row is None:
                 raise UnknownRunError(run_id, self.location)
-            holder, expires = row
+            holder, expires, epoch = row
             if holder is not None and holder not in (owner, steal_from) and (expires or 0) > now_ms:
-                return str(holder)
-            db.execute(self._sql_lease_take, (owner, now_ms + ttl_ms, run_id))
-            return None
+                return Lease(str(holder), int(epoch))
+            db.execute(self._sql_lease_take, (owner, now_ms + ttl_ms, int(epoch) + 1, run_id))
+            return Lease(owner, int(epoch) + 1)
 
-    def release_lease(self, run_id: str, owner: str) -> None:
+    def renew_lease(self, run_id: str, lease: Lease, now_ms: int, ttl_ms: int) -> bool:
         with self._tx() as db:
-            db.execute(self._sql_lease_release, (run_id, owner))
+            return bool(db.execute(self._sql_lease_renew, (now_ms + ttl_ms, run_id, lease.owner, lease.epoch)).rowcount)
+
+    def release_lease(self, run_id: str, lease: Lease) -> None:
+        with self._tx() as db:
+            row = db.execute(self._sql_lease_release, (run_id, lease.owner, lease.epoch)).fetchone()
+            if row is not None and row[0] == "running" and row[1]:
+                self._notify_queue(db)  # handed over mid-run: another worker continues it at once
+
+    # -- the queue and the workers ----------------------------------------------------------
+
+    def _notify_queue(self, db: Any) -> None:  # noqa: B027 (a hook: most dialects have nothing to do)
+        """In a transaction that makes a run claimable: wake the workers when it commits (if the
+        store can; workers poll otherwise)."""
+
+    def claim_runs(self, owner: str, now_ms: int, ttl_ms: int, limit: int,
+                   dead: Sequence[str] = ()) -> list[Claim]:
+        if limit <= 0:
+            return []
+        p = self.param
+        where = self._sql_claimable.replace("{dead}", f" OR lease_owner IN ({', '.join([p] * len(dead))})" if dead else "")
+        where += f" AND {self._sql_has_slot}"
+        params: list[Any] = [now_ms, *dead, now_ms]
+        if not self._query(f"SELECT 1 FROM runs WHERE {where} LIMIT 1", params):
+            return []  # nothing to claim: no write transaction taken
+        select = f"SELECT run_id, status, lease_epoch, flow_name, max_runs FROM runs WHERE {where} " \
+                 f"ORDER BY created_at, run_no LIMIT {p}{self._claim_lock}"
+        claims: list[Claim] = []
+        with self._tx() as db:
+            for run_id, status, epoch, flow_name, max_runs in db.execute(select, [*params, limit]).fetchall():
+                if status == "queued" and max_runs is not None:
+                    self._lock_flow(db, flow_name)
+                    if int(db.execute(self._sql_slots_taken, (flow_name, now_ms)).fetchone()[0]) >= max_runs:
+                        continue
+                lease = Lease(owner, int(epoch) + 1)
+                db.execute(self._sql_claim_take, (owner, now_ms + ttl_ms, lease.epoch, run_id))
+                claims.append(Claim(runId=run_id, status=status, lease=lease))
+        return claims
+
+    #: Appended to the claim's SELECT: PostgreSQL locks the rows it claims and skips rows another
+    #: worker is claiming; SQLite's write transaction is the only writer already.
+    _claim_lock: ClassVar[str] = ""
+
+    def _lock_flow(self, db: Any, flow_name: str) -> None:  # noqa: B027 (SQLite: the transaction is the lock)
+        """Serialise the claims of one flow's runs (maxConcurrentRuns) until the transaction ends."""
+
+    def register_worker(self, worker: WorkerRecord) -> None:
+        with self._tx() as db:
+            db.execute(self._sql_register_worker, (worker.workerId, worker.host, worker.pid, worker.startedAt,
+                                                   worker.heartbeatAt, worker.concurrency, worker.leaseMs))
+
+    def heartbeat(self, worker_id: str, now_ms: int) -> None:
+        with self._tx() as db:
+            db.execute(self._sql_heartbeat, (now_ms, worker_id))
+
+    def remove_worker(self, worker_id: str) -> None:
+        with self._tx() as db:
+            db.execute(self._sql_remove_worker, (worker_id,))
+
+    def list_workers(self) -> list[WorkerRecord]:
+        held: dict[str, list[str]] = {}
+        for owner, run_id in self._query(self._sql_held_runs):
+            held.setdefault(owner, []).append(run_id)
+        return [WorkerRecord(workerId=r[0], host=r[1], pid=int(r[2]), startedAt=int(r[3]), heartbeatAt=int(r[4]),
+                             concurrency=int(r[5]), leaseMs=int(r[6]), runs=held.get(r[0], []))
+                for r in self._query(self._sql_list_workers)]
+
+    def listen(self) -> Listener | None:
+        return None
 
     # -- telemetry --------------------------------------------------------------------------
 
