@@ -166,14 +166,16 @@ def show_snapshot(record: RunRecord, snap: RunSnapshot, out: TextIO, summary: Ru
         out.write(f"\nstate    {preview(snap.state, 100)}\n")
 
 
-def show_runs(runs: list[RunSummary], out: TextIO) -> None:
+def show_runs(runs: list[RunSummary], out: TextIO, workers: dict[str, str] | None = None) -> None:
+    """The runs table; ``workers``: run id -> the worker (or process) executing it, from its lease."""
     if not runs:
         out.write("no runs\n")
         return
-    out.write(f"{'RUN':<26} {'FLOW':<18} {'STATUS':<10} {'COST':>9} {'TOKENS':>9}  {'UPDATED':<19} PARENT\n")
+    out.write(f"{'RUN':<26} {'FLOW':<18} {'STATUS':<10} {'COST':>9} {'TOKENS':>9}  {'UPDATED':<19} {'PARENT':<26} WORKER\n")
     for r in runs:
         updated = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.updatedAt / 1000))
         tokens = r.usage.inputTokens + r.usage.outputTokens + r.usage.cacheCreationInputTokens \
             + r.usage.cacheReadInputTokens
-        out.write(f"{r.runId:<26} {r.flowName[:18]:<18} {r.status:<10} {'$' + format(r.totalCostUsd, '.4f'):>9} "
-                  f"{tokens:>9,}  {updated:<19} {r.parentRunId or ''}\n")
+        out.write((f"{r.runId:<26} {r.flowName[:18]:<18} {r.status:<10} {'$' + format(r.totalCostUsd, '.4f'):>9} "
+                   f"{tokens:>9,}  {updated:<19} {r.parentRunId or '':<26} {(workers or {}).get(r.runId, '')}").rstrip()
+                  + "\n")

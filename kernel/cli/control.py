@@ -75,7 +75,13 @@ def _command(args: argparse.Namespace, kind: str) -> int:
                       reason=getattr(args, "reason", None))
         run_async(kernel.command, args.run, cmd)
         print(f"flowkernel: {kind} accepted by run {args.run}", file=sys.stderr)
-        if kind in ("reply", "send") and kernel.store.get_run(args.run).leaseOwner is None:
+        record = kernel.store.get_run(args.run)
+        if kind in ("reply", "send") and record.leaseOwner is None and record.pooled:
+            kernel.hand_to_pool(args.run, resume_if_stopped)
+            print(f"flowkernel: run {args.run} is the workers' (`flowkernel worker`): one continues it",
+                  file=sys.stderr)
+            return EXIT_OK
+        if kind in ("reply", "send") and record.leaseOwner is None:
             # Nobody executes the run: continue it here, streaming like `run` does.
             snap = run_async(kernel.execute, args.run, on_event=printer(args),
                               before=resume_if_stopped)

@@ -20,6 +20,8 @@ def add_parsers(sub: Any) -> None:
     sp.add_argument("--input", action="append", default=[], metavar="K=V", help="an input value (JSON or text)")
     sp.add_argument("--input-json", metavar="FILE", help="the run input as a JSON file")
     sp.add_argument("--fixtures", metavar="DIR", help="serve model calls from recorded fixtures (no network)")
+    sp.add_argument("--queue", action="store_true",
+                    help="store the run as queued for the workers (`flowkernel worker`) and print its id")
     add_db(sp)
     add_json(sp)
     sp.set_defaults(handler=cmd_run)
@@ -54,6 +56,21 @@ def cmd_run(args: argparse.Namespace) -> int:
     from flowkernel.api import Kernel
 
     Kernel.check_input(flow, value)
+    if args.queue:
+        if args.fixtures:
+            from flowkernel.errors import InvalidInputError
+
+            raise InvalidInputError("--queue with --fixtures: the worker that executes the run serves the "
+                                    "model calls; start it with `flowkernel worker --fixtures DIR`")
+        with opened(args, create=True) as kernel:
+            run_id = kernel.enqueue(flow, value)
+        if args.json:
+            import json
+
+            print(json.dumps({"runId": run_id, "status": "queued"}))
+        else:
+            print(run_id)
+        return EXIT_OK
     with opened(args, create=True) as kernel:
         snap = run_async(kernel.run, flow, value, on_event=printer(args))
         return exit_for(snap, snap.runId)

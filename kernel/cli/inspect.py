@@ -66,7 +66,8 @@ def cmd_runs(args: argparse.Namespace) -> int:
         else:
             from flowkernel.render import show_runs
 
-            show_runs(shown, sys.stdout)
+            holders = {r.runId: r.leaseOwner for r in records if r.status in ("running", "queued") and r.leaseOwner}
+            show_runs(shown, sys.stdout, holders)
         return EXIT_OK
 
 

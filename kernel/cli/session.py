@@ -104,9 +104,7 @@ def run_async(fn: Any, *a: Any, **kw: Any) -> Any:
 
 
 def resume_if_stopped(snap: RunSnapshot) -> list[BaseEvent]:
-    from flowkernel.events import FlowResumed
+    from flowkernel.api import continue_stopped
 
-    if snap.status in ("waiting", "running"):
-        return [FlowResumed(message=None)]
-    return []
+    return continue_stopped(snap)
 

@@ -126,8 +126,8 @@ class MemoryStore:
             self._runs[run_id] = rec
             if checkpoint is not None:
                 self._checkpoints[run_id] = [(seq, checkpoint)]
-            for command_id, received in taken:
-                self._commands[command_id] = (self._commands[command_id][0], received)
+            for command_id, received in taken:  # its record is in the log now
+                self._commands[command_id] = (replace(self._commands[command_id][0], body={}), received)
             self._version += 1
 
     def read_events(self, run_id: str, after: int = 0, until: int | None = None) -> list[bytes]:

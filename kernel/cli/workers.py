@@ -1,0 +1,138 @@
+"""``worker`` and ``workers``: execute queued runs from the store, and list who does."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+from typing import Any
+
+from flowkernel.cli.session import EXIT_OK, add_db, add_json, run_async
+
+# flowkernel.worker's defaults, repeated here so that `flowkernel --help` does not import the runtime.
+DEFAULT_CONCURRENCY, DEFAULT_GRACE_S = 8, 30.0
+
+
+def add_parsers(sub: Any) -> None:
+    sp = sub.add_parser("worker", help="claim queued and orphaned runs from the store and execute them")
+    sp.add_argument("--concurrency", type=_positive_int, default=DEFAULT_CONCURRENCY, metavar="N",
+                    help=f"runs executed at once (default {DEFAULT_CONCURRENCY})")
+    sp.add_argument("--lease-s", type=_positive_float, default=15.0, metavar="S",
+                    help="lease time: how soon another worker takes over the runs of a worker that died "
+                         "on another host (default 15)")
+    sp.add_argument("--grace-s", type=_non_negative_float, default=DEFAULT_GRACE_S, metavar="S",
+                    help=f"on SIGTERM, how long node runs in flight may take to finish before they are "
+                         f"paused and handed over (default {DEFAULT_GRACE_S:g})")
+    sp.add_argument("--fixtures", metavar="DIR", help="serve model calls from fixture files: a run's node "
+                                                      "files in DIR/<flow name>/, then DIR/ (no network)")
+    sp.add_argument("--plugin", action="append", default=[], dest="worker_plugins", metavar="MODULE",
+                    help="import a module that registers functions, tools or node types (repeatable)")
+    add_db(sp)
+    sp.set_defaults(handler=cmd_worker)
+
+    sp = sub.add_parser("workers", help="list the live workers of the store")
+    add_db(sp)
+    add_json(sp)
+    sp.set_defaults(handler=cmd_workers)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = _non_negative_float(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("must be more than 0")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError("must be a number of seconds, 0 or more")
+    return value
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from flowkernel.api import Kernel
+    from flowkernel.registry import load_plugins
+    from flowkernel.store.open import open_store
+    from flowkernel.worker import Worker
+
+    load_plugins(args.worker_plugins)
+    services: dict[str, Any] = {}
+    if args.fixtures:
+        from flowkernel.fixtures.library import FixtureLibrary
+
+        services["query_fn"] = FixtureLibrary(args.fixtures)
+        services["fixtures"] = args.fixtures
+    kernel = Kernel(open_store(args.db, create=True), services=services, lease_ttl_ms=int(args.lease_s * 1000))
+    worker = Worker(kernel, concurrency=args.concurrency, grace_s=args.grace_s)
+    try:
+        run_async(_serve, worker)
+    finally:
+        kernel.close()
+    return EXIT_OK
+
+
+async def _serve(worker: Any) -> None:
+    import anyio
+
+    async def on_signals() -> None:
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for signum in signals:
+                if worker.stopping:
+                    # A second signal: leave at once; the leases expire (or, on this host, are
+                    # taken over at once by the next worker to look).
+                    print(f"flowkernel worker: {signal.Signals(signum).name} again: exiting now", file=sys.stderr,
+                          flush=True)
+                    os._exit(128 + signum)
+                print(f"flowkernel worker: {signal.Signals(signum).name}: handing over {len(worker.running)} "
+                      f"run(s) (grace {worker.grace_s:g} s)", file=sys.stderr, flush=True)
+                worker.stop()
+
+    print(f"flowkernel worker {worker.id}: claiming runs from {worker.kernel.store.location} "
+          f"({worker.concurrency} at once)", file=sys.stderr, flush=True)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(on_signals)
+        await worker.run()
+        tg.cancel_scope.cancel()
+    print(f"flowkernel worker {worker.id}: stopped", file=sys.stderr, flush=True)
+
+
+def cmd_workers(args: argparse.Namespace) -> int:
+    import time
+
+    from flowkernel.cli.session import opened
+    from flowkernel.worker import live_workers
+
+    with opened(args) as kernel:
+        workers = live_workers(kernel)
+    if args.json:
+        import msgspec
+
+        for w in workers:
+            print(msgspec.json.encode(w).decode())
+        return EXIT_OK
+    if not workers:
+        print("no live workers")
+        return EXIT_OK
+    print(f"{'WORKER':<40} {'HOST':<20} {'PID':>7}  {'STARTED':<19}  {'HEARTBEAT':<9} {'RUNS':>4}  RUNNING")
+    now = time.time()
+    for w in workers:
+        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(w.startedAt / 1000))
+        beat = f"{max(0.0, now - w.heartbeatAt / 1000):.0f} s ago"
+        shown = " ".join(w.runs[:3]) + (f" …{len(w.runs) - 3} more" if len(w.runs) > 3 else "")
+        print(f"{w.workerId[:40]:<40} {w.host[:20]:<20} {w.pid:>7}  {started:<19}  {beat:<9} {len(w.runs):>4}  {shown}")
+    return EXIT_OK
