@@ -188,9 +188,11 @@ class Kernel:
         return self._create(flow, input, parent_run_id=parent_run_id, parent_node_run_id=parent_node_run_id,
                             run_id=run_id).run_id
 
-    def enqueue(self, flow: CompiledFlow, input: Any = None, *, run_id: str | None = None) -> str:
+    def enqueue(self, flow: CompiledFlow, input: Any = None, *, run_id: str | None = None,
+                idempotency_key: str | None = None) -> str:
         """Validate the input and store a ``queued`` run for the workers (DESIGN §11); returns its id at
-        once. It has no events until a worker claims it and writes its ``flow:start``."""
+        once. It has no events until a worker claims it and writes its ``flow:start``. A second run
+        with the same ``idempotency_key`` is refused by the store (``find_idempotent`` finds the first)."""
         value = {} if input is None else input
         self.check_input(flow, value)
         run_id = run_id or new_run_id()
@@ -198,7 +200,7 @@ class Kernel:
         record = RunRecord(runId=run_id, flowName=flow.name, flowHash=flow.hash, status="queued", seq=0,
                            input=value, createdAt=now, updatedAt=now,
                            flowSource=str(Path(flow.source).resolve()) if flow.base_dir else None,
-                           pooled=True, maxRuns=flow.max_concurrent_runs)
+                           pooled=True, maxRuns=flow.max_concurrent_runs, idempotencyKey=idempotency_key)
         self.store.create_run(record, [], b"", document=flow.canonical)
         self._flows[flow.hash] = flow
         return run_id

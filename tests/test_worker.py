@@ -16,7 +16,7 @@ import anyio
 import pytest
 from flowkernel.api import Kernel
 from flowkernel.commands import Command
-from flowkernel.errors import CommandRejectedError, LeaseLostError
+from flowkernel.errors import CommandRejectedError, LeaseLostError, StoreError
 from flowkernel.events import CommandReceived, FlowComplete, FlowStart
 from flowkernel.store.base import Lease, RunRecord
 from flowkernel.store.sqlite import SqliteStore
@@ -277,7 +277,11 @@ def test_a_run_record_of_a_queued_run_reads_back_from_every_store(tmp_path: Path
 
     for store in (MemoryStore(), SqliteStore(tmp_path / "runs.db")):
         kernel = Kernel(store)
-        run_id = kernel.enqueue(kernel.compile(chain(1)))
+        run_id = kernel.enqueue(kernel.compile(chain(1)), idempotency_key="order-17")
         record: RunRecord = store.get_run(run_id)
         assert (record.status, record.seq, record.pooled) == ("queued", 0, True)
         assert [r.runId for r in store.list_runs(status="queued")] == [run_id]
+        found = store.find_idempotent("order-17")
+        assert found is not None and found.runId == run_id
+        with pytest.raises(StoreError):
+            kernel.enqueue(kernel.compile(chain(1)), idempotency_key="order-17")
