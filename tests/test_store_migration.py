@@ -112,6 +112,8 @@ def _write_v4(db: Any, source: Kernel, snaps: list[Any], *, param: str, blob: An
 def _check_v5(kernel: Kernel, snaps: list[Any]) -> None:
     for snap in snaps:
         assert kernel.snapshot(snap.runId) == snap
+        record = kernel.store.get_run(snap.runId)  # version 8: not the pool's, never leased, no limit
+        assert (record.leaseEpoch, record.pooled, record.maxRuns) == (0, False, None)
         summary = kernel.summary(snap.runId)
         assert summary.totalCostUsd == 0.0 and summary.usage.inputTokens == 0  # no agent:usage events: zero
     page, cursor = kernel.run_page(limit=1)
@@ -142,7 +144,7 @@ def test_a_version_4_sqlite_database_is_migrated_to_version_5(tmp_path: Path) ->
     _check_v5(kernel, snaps)
     kernel.close()
     check = sqlite3.connect(db_path)
-    assert check.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 7
+    assert check.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     assert check.execute("SELECT count(*) FROM run_traces").fetchone()[0] == 0
     assert check.execute("SELECT count(*) FROM agent_runs").fetchone()[0] == 0
     assert "model_call" in [r[1] for r in check.execute("PRAGMA table_info(agent_messages)")]
