@@ -21,6 +21,7 @@ class RunShell(Protocol):
     flow: CompiledFlow
     registry: Registry
     store: Store
+    node_store: Store  # the store as node runs see it (``flowkernel.store.fenced``)
 
     def current_state(self) -> dict[str, Any]: ...
 
@@ -69,7 +70,8 @@ class NodeContext:
 
     @property
     def store(self) -> Store:
-        return self._shell.store
+        """The run's store; the agent rows a node adds through it are fenced by the run's lease."""
+        return self._shell.node_store
 
     @property
     def services(self) -> dict[str, Any]:

@@ -51,6 +51,7 @@ from flowkernel.registry import Registry
 from flowkernel.scheduling import decide
 from flowkernel.snapshot import InboxMessage, RunSnapshot
 from flowkernel.store.base import EventRow, Lease, RunTotals, Store
+from flowkernel.store.fenced import fenced
 from msgspec.structs import replace
 
 EventListener = Callable[[BaseEvent], None]
@@ -131,6 +132,7 @@ class RunExecution:
         # The lease this execution holds: every commit is checked against it (fencing), and the commit
         # that stops the run with no node run left ends it.
         self._lease = lease
+        self.node_store = fenced(store, lease)
         self.lease_released = False
         # The usage map the run row holds (the reducer replaces it on every agent:usage: an identity check).
         self._usage_stored = self.snap.usage

@@ -326,7 +326,7 @@ async def test_a_failed_observability_write_is_reported_and_the_agent_goes_on(tm
     kernel = make_kernel(tmp_path, fake)
     kernel.registry.add_tool("echo", lambda text: text)
 
-    def broken(row: dict[str, Any]) -> int:
+    def broken(row: dict[str, Any], **fencing: Any) -> int:  # the run's lease comes along as ``lease=``
         raise OSError("disk full")
 
     kernel.store.add_tool_call = broken  # type: ignore[method-assign]
@@ -334,6 +334,33 @@ async def test_a_failed_observability_write_is_reported_and_the_agent_goes_on(tm
     assert snap.status == "completed" and snap.outputs["agent"]["text"] == "fine"
     errors = [e for e in agent_events(kernel, snap.runId) if isinstance(e, AgentError)]
     assert [e.errorType for e in errors] == ["store_error"] and "disk full" in errors[0].message
+
+
+async def test_an_agent_whose_run_was_taken_over_adds_no_row_and_stops_quietly(
+        tmp_path: Path, fake: FakeAnthropic, capsys: pytest.CaptureFixture[str]) -> None:
+    # WHEN another executor takes the run over while the agent runs a tool (this one froze past its
+    # lease) THEN the agent stores no row of that tool call and makes no further model call: the new
+    # executor rebuilds the conversation from the rows, which must hold nothing of the stale one.
+    from flowkernel.errors import LeaseLostError
+    from flowkernel.ids import now_ms
+
+    fake.script(reply(ToolUse("take_over", {})), reply(Text("never asked")))
+    kernel = make_kernel(tmp_path, fake)
+
+    def take_over() -> str:
+        run = kernel.store.list_runs()[0]
+        kernel.store.acquire_lease(run.runId, "other-worker", now_ms(), 60_000, steal_from=run.leaseOwner)
+        return "taken"
+
+    kernel.registry.add_tool("take_over", take_over)
+    with pytest.raises(LeaseLostError, match="other-worker"):
+        await kernel.run(kernel.compile(agent_flow(prompt="x", tools=["take_over"])), {})
+    run = kernel.store.list_runs()[0]
+    assert (run.status, run.leaseOwner) == ("running", "other-worker")
+    assert fake.request_count == 1
+    assert kernel.store.list_tool_calls(flow_run_id=run.runId) == []
+    assert [r["role"] for r in kernel.store.list_agent_messages(flow_run_id=run.runId)] == ["user", "assistant"]
+    assert "could not store" not in capsys.readouterr().err, "a lost lease is no observability failure"
 
 
 # --- configuration -------------------------------------------------------------------------

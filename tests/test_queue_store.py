@@ -4,7 +4,8 @@ WHEN runs are queued THEN a claim leases the oldest first, each with a new lease
 same run to two workers; orphans (pooled top-level running runs whose lease is free, expired or held
 by a dead worker) are claimed too; a flow's maxConcurrentRuns holds its queued runs back without
 holding up the others. WHEN a commit names a lease that no longer holds the run THEN nothing of it is
-written (events, status, checkpoint, commands taken), even where the seq would not have collided.
+written (events, status, checkpoint, commands taken), even where the seq would not have collided,
+and no agent message or tool call is added under it.
 """
 
 from __future__ import annotations
@@ -189,6 +190,24 @@ def test_a_commit_under_a_lease_taken_over_writes_nothing(open_store: Callable[[
         new_side.commit("run_a", [_event(2)], "running", 2, None, None, lease=fresh)
     new_side.commit("run_a", [_event(2)], "running", 2, None, None, lease=again, taken=[(command, 2)])
     assert new_side.pending_commands("run_a") == [], "a command is taken in the commit of its record"
+
+
+def test_agent_rows_under_a_lease_taken_over_are_refused(open_store: Callable[[], Store]) -> None:
+    stale_side, new_side = open_store(), open_store()
+    stale_side.create_run(_queued("run_a", 10), [], b"")
+    stale = stale_side.claim_runs("w1", now_ms=100, ttl_ms=100, limit=1)[0].lease
+    row = {"flowRunId": "run_a", "runId": "nr_1", "nodeId": "agent", "sessionId": "s1", "createdAt": 1}
+    stale_side.add_agent_message({**row, "role": "user", "content": "hi", "step": 0}, lease=stale)
+    fresh = new_side.claim_runs("w2", now_ms=1000, ttl_ms=1000, limit=1)[0].lease
+    with pytest.raises(LeaseLostError, match="now held by w2"):
+        stale_side.add_agent_message({**row, "role": "assistant", "content": "late", "step": 1}, lease=stale)
+    with pytest.raises(LeaseLostError):
+        stale_side.add_tool_call({**row, "messageId": None, "toolName": "t", "toolUseId": "tu_1", "input": {},
+                                  "output": "late", "status": "completed", "durationMs": 0, "step": 1}, lease=stale)
+    assert [m["content"] for m in new_side.list_agent_messages(flow_run_id="run_a")] == ["hi"]
+    assert new_side.list_tool_calls(flow_run_id="run_a") == []
+    new_side.add_agent_message({**row, "role": "assistant", "content": "fresh", "step": 1}, lease=fresh)
+    assert [m["content"] for m in new_side.list_agent_messages(flow_run_id="run_a")] == ["hi", "fresh"]
 
 
 def test_workers_register_beat_and_list_the_runs_they_hold(open_store: Callable[[], Store]) -> None:

@@ -110,9 +110,8 @@ class MemoryStore:
                release: bool = False, taken: Sequence[tuple[int, int]] = (),
                totals: RunTotals | None = None) -> None:
         with self._lock:
+            self._check_lease(run_id, lease)
             rec = self.get_run(run_id)
-            if lease is not None and (rec.leaseOwner != lease.owner or rec.leaseEpoch != lease.epoch):
-                raise LeaseLostError(run_id, rec.leaseOwner)
             log = self._events[run_id]
             if events and events[0][0] != len(log) + 1:
                 raise StoreError(f"run {run_id}: seq {events[0][0]} does not follow {len(log)}")
@@ -237,8 +236,15 @@ class MemoryStore:
     def listen(self) -> Listener | None:
         return None
 
-    def add_agent_message(self, row: dict[str, Any]) -> int:
+    def _check_lease(self, run_id: str, lease: Lease | None) -> None:
+        if lease is not None:
+            rec = self.get_run(run_id)
+            if rec.leaseOwner != lease.owner or rec.leaseEpoch != lease.epoch:
+                raise LeaseLostError(run_id, rec.leaseOwner)
+
+    def add_agent_message(self, row: dict[str, Any], *, lease: Lease | None = None) -> int:
         with self._lock:
+            self._check_lease(row["flowRunId"], lease)
             row = {"modelCall": None, **row, "id": len(self._messages) + 1}
             self._messages.append(row)
             return int(row["id"])
@@ -253,8 +259,9 @@ class MemoryStore:
                 and (node_id is None or m.get("nodeId") == node_id)]
         return rows[:limit]
 
-    def add_tool_call(self, row: dict[str, Any]) -> int:
+    def add_tool_call(self, row: dict[str, Any], *, lease: Lease | None = None) -> int:
         with self._lock:
+            self._check_lease(row["flowRunId"], lease)
             row = {**row, "id": len(self._tool_calls) + 1}
             self._tool_calls.append(row)
             return int(row["id"])

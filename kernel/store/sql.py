@@ -505,11 +505,7 @@ class SqlStore(ABC):
         try:
             with self._tx(self._OUT_OF_ORDER, run_id) as db:
                 if lease is not None:
-                    row = db.execute(self._sql_lease_check, (run_id,)).fetchone()
-                    if row is None:
-                        raise UnknownRunError(run_id, self.location)
-                    if row[0] != lease.owner or row[1] != lease.epoch:
-                        raise LeaseLostError(run_id, row[0])
+                    self._check_lease(db, run_id, lease)
                 self._insert_events(db, run_id, events)
                 if totals is not None:
                     db.execute(self._sql_set_totals, (*(totals.usage.get(k, 0) for k in USAGE_KEYS),
@@ -665,8 +661,18 @@ class SqlStore(ABC):
 
     # -- agent conversations ----------------------------------------------------------------
 
-    def add_agent_message(self, row: dict[str, Any]) -> int:
+    def _check_lease(self, db: Any, run_id: str, lease: Lease) -> None:
+        """Fencing, inside the caller's transaction: ``lease`` must still hold ``run_id``."""
+        row = db.execute(self._sql_lease_check, (run_id,)).fetchone()
+        if row is None:
+            raise UnknownRunError(run_id, self.location)
+        if row[0] != lease.owner or row[1] != lease.epoch:
+            raise LeaseLostError(run_id, row[0])
+
+    def add_agent_message(self, row: dict[str, Any], *, lease: Lease | None = None) -> int:
         with self._tx() as db:
+            if lease is not None:
+                self._check_lease(db, row["flowRunId"], lease)
             got = db.execute(
                 self._sql_insert_message,
                 (row["flowRunId"], row["runId"], row["nodeId"], row["sessionId"], row["role"],
@@ -682,8 +688,10 @@ class SqlStore(ABC):
                                       ("node_id", node_id)))
         return [_message(r) for r in self._query(sql, params)]
 
-    def add_tool_call(self, row: dict[str, Any]) -> int:
+    def add_tool_call(self, row: dict[str, Any], *, lease: Lease | None = None) -> int:
         with self._tx() as db:
+            if lease is not None:
+                self._check_lease(db, row["flowRunId"], lease)
             got = db.execute(
                 self._sql_insert_tool_call,
                 (row["flowRunId"], row["runId"], row["nodeId"], row["sessionId"], row.get("messageId"),

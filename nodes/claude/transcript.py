@@ -2,6 +2,8 @@
 
 Writes are observability: a failed write is reported (``agent:error`` with ``store_error`` and a
 line on stderr) and the agent goes on. The snapshot, written by the kernel, is what must not fail.
+A write refused because the execution lost the run's lease (``LeaseLostError``: another executor has
+the run and will rebuild this conversation) is no failure to report: the node run stops, quietly.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from flowkernel.context import NodeContext
+from flowkernel.errors import LeaseLostError
 from flowkernel.events import AgentError, AgentStart, decode
 from flowkernel.ids import now_ms
 
@@ -93,6 +96,8 @@ class Transcript:
                "sessionId": self.session_id, "createdAt": now_ms(), **fields}
         try:
             return fn(row)
+        except LeaseLostError:
+            raise
         except Exception as exc:
             message = f"could not store the agent's {what} (session {self.session_id}): {exc}"
             print(f"flowkernel: node {self.ctx.node_id} ({self.ctx.run_id}): {message}", file=sys.stderr)
