@@ -20,7 +20,7 @@ from fastapi import APIRouter, Depends, FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from flowkernel.api import Kernel
 from flowkernel.catalog import FlowCatalog
-from flowkernel.server import agents, flows, problems, runs, stream
+from flowkernel.server import agents, flows, problems, runs, stream, webui
 from flowkernel.server.auth import token_check
 from flowkernel.server.feed import Feed
 from flowkernel.server.limits import MAX_BODY_BYTES, BodyLimit
@@ -101,4 +101,5 @@ def create_app(kernel: Kernel, config: ServerConfig | None = None, *, feed_store
                                                                          "Last-Event-ID"],
                            expose_headers=["Location"])
     app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
+    webui.mount(app)
     return app

@@ -1,4 +1,5 @@
-"""``/flows``: the flows in the server's ``--flows`` folders, and validation of a flow document."""
+"""``/flows``: the flows in the server's ``--flows`` folders, validation of a flow document, and the
+flow a run was started with (``/runs/{runId}/flow``)."""
 
 from __future__ import annotations
 
@@ -37,3 +38,11 @@ def get_flow(request: Request, name: str) -> Response:
 def validate(request: Request, document: Any = Body(..., description="a flow document")) -> Response:
     kernel_of(request).compile(document, source="<request body>")  # raises FlowValidationError -> 422
     return json_response({"valid": True})
+
+
+@router.get("/runs/{runId}/flow", response_model=dict[str, Any], summary="The flow document a run was started with")
+def run_flow(request: Request, runId: str) -> Response:
+    """The flow as stored with the run (canonical JSON, the bytes ``flowHash`` is computed from): what a
+    client needs to draw the run's graph, whether or not the flow is in a ``--flows`` folder."""
+    store = kernel_of(request).store
+    return Response(store.get_flow(store.get_run(runId).flowHash), media_type="application/json")

@@ -1,0 +1,413 @@
+// A run's page: the flow as a graph coloured by the snapshot, the live timeline over the event
+// stream, each agent's conversation, the snapshot after any event (?at=SEQ), errors, usage and
+// cost, and the commands the run's state allows.
+//
+// Scheduling rules live in the server's reducer only: the page never folds events itself. It
+// re-reads the run (GET /runs/{id}, or ?at=SEQ for a past snapshot) when events arrive.
+
+import { Actions } from "./actions.js";
+import { api, ApiError, followStream } from "./api.js";
+import { Agents } from "./conversation.js";
+import { h, replaceChildren, uid } from "./dom.js";
+import { cost, datetime, duration, preview, usage, valueBlock } from "./format.js";
+import { FlowGraph, forEachProgress } from "./graph.js";
+import { runLink, statusBadge } from "./runs.js";
+import { Timeline } from "./timeline.js";
+
+const REFRESH_DEBOUNCE_MS = 150;
+const ERROR_EVENTS = new Set(["node:error", "agent:error"]);
+
+function section(title, ...body) {
+  return h("section", { class: "panel-section" }, h("h3", {}, title), body);
+}
+
+export class RunPage {
+  constructor(runId, params) {
+    this.runId = runId;
+    this.at = parseAt(params);
+    this.live = null; // the run now: {run, snapshot, children}
+    this.view = null; // what the graph shows: the run now, or after event `at`
+    this.flow = null;
+    this.graph = null;
+    this.selected = null;
+    this.lastSeq = 0;
+    this.types = new Map(); // seq -> event type, for the slider's label
+    this.errors = [];
+    this.abort = new AbortController();
+    this.refreshing = null;
+    this.dirty = false;
+    this.timer = null;
+    this.element = h("div", { class: "run-page" }, h("p", { class: "loading" }, "Loading run…"));
+  }
+
+  async start() {
+    try {
+      const id = encodeURIComponent(this.runId);
+      const [live, flow] = await Promise.all([api(`/runs/${id}`), api(`/runs/${id}/flow`)]);
+      if (this.abort.signal.aborted) return;
+      this.live = live;
+      this.flow = flow;
+      this.build();
+      this.lastSeq = live.run.seq;
+      this.renderLive();
+      await this.setAt(this.at, { force: true });
+      this.follow();
+    } catch (error) {
+      if (this.abort.signal.aborted) return;
+      const notFound = error instanceof ApiError && error.status === 404;
+      replaceChildren(this.element, h("div", { class: "page-message" },
+        h("h1", {}, notFound ? "No such run" : "Could not load the run"),
+        h("p", { class: "error-text" }, error.message),
+        h("p", {}, h("a", { href: "#/" }, "All runs"))));
+    }
+  }
+
+  build() {
+    const flow = this.flow;
+    this.title = h("h1", {}, flow.name, " ", h("code", { class: "run-id" }, this.runId));
+    this.badge = h("span");
+    this.streamState = h("span", { class: "stream-state", role: "status" });
+    this.meta = h("dl", { class: "run-meta" });
+    this.banner = h("div", { class: "run-error", role: "alert", hidden: true });
+    this.graph = new FlowGraph(flow, { onSelect: (id) => this.selectNode(id) });
+
+    const sliderId = uid("at");
+    this.slider = h("input", { id: sliderId, type: "range", min: 1, max: 1, value: 1, step: 1,
+      "aria-describedby": `${sliderId}-out` });
+    this.sliderOut = h("output", { id: `${sliderId}-out`, for: sliderId });
+    this.liveButton = h("button", { type: "button", onclick: () => this.navigateAt(null) }, "Back to live");
+    this.slider.addEventListener("input", () => this.labelSlider(Number(this.slider.value)));
+    this.slider.addEventListener("change", () => this.navigateAt(Number(this.slider.value), true));
+    this.travelNote = h("p", { class: "travel-note", hidden: true });
+
+    this.inspector = h("div", { class: "inspector", "aria-live": "polite" },
+      h("p", { class: "empty" }, "Select a node to see its status, output and errors."));
+    this.actions = new Actions({ runId: this.runId, flow, onCommand: () => this.refreshSoon(0) });
+    this.timeline = new Timeline({ onPickSeq: (seq) => this.navigateAt(seq) });
+    this.agents = new Agents();
+    this.snapshotPanel = h("div", { class: "snapshot-panel" });
+    this.runPanel = h("div", { class: "run-panel" });
+    this.errorCount = h("span", { class: "count", hidden: true });
+
+    const tabs = [["timeline", "Timeline", this.timeline.element], ["agents", "Agents", this.agents.element],
+      ["snapshot", "Snapshot", this.snapshotPanel], ["details", ["Run", this.errorCount], this.runPanel]];
+    this.tabButtons = new Map();
+    this.tabPanels = new Map();
+    const tablist = h("div", { class: "tabs", role: "tablist", "aria-label": "run views" });
+    const panels = [];
+    for (const [key, label, content] of tabs) {
+      const tabId = uid("tab");
+      const panelId = uid("panel");
+      const button = h("button", { type: "button", role: "tab", id: tabId, "aria-controls": panelId,
+        "aria-selected": "false", tabindex: -1, dataset: { tab: key }, onclick: () => this.showTab(key) }, label);
+      button.addEventListener("keydown", (event) => this.tabKey(event, key));
+      const panel = h("div", { role: "tabpanel", id: panelId, "aria-labelledby": tabId, class: `tab-panel panel-${key}`,
+        hidden: true }, content);
+      this.tabButtons.set(key, button);
+      this.tabPanels.set(key, panel);
+      tablist.append(button);
+      panels.push(panel);
+    }
+
+    replaceChildren(this.element,
+      h("header", { class: "run-head" },
+        h("nav", { class: "crumbs", "aria-label": "breadcrumbs" }, h("a", { href: "#/" }, "Runs"), " / ",
+          h("a", { href: `#/?flow=${encodeURIComponent(flow.name)}` }, flow.name)),
+        h("div", { class: "title-line" }, this.title, this.badge, this.streamState),
+        flow.description ? h("p", { class: "description" }, flow.description) : null,
+        this.meta, this.banner),
+      h("div", { class: "run-grid" },
+        this.left = h("div", { class: "left" },
+          h("section", { class: "graph-panel", "aria-labelledby": "graph-title" },
+            h("div", { class: "panel-head" }, h("h2", { id: "graph-title" }, "Flow"), legend()),
+            h("div", { class: "graph-scroll" }, this.graph.element),
+            h("div", { class: "travel" },
+              h("label", { for: sliderId }, "Snapshot after event"), this.slider, this.sliderOut, this.liveButton),
+            this.travelNote,
+            this.inspector),
+          this.actions.element),
+        h("div", { class: "right" }, tablist, panels)));
+    this.showTab("timeline");
+  }
+
+  tabKey(event, key) {
+    const keys = [...this.tabButtons.keys()];
+    const i = keys.indexOf(key);
+    const next = { ArrowRight: keys[(i + 1) % keys.length], ArrowLeft: keys[(i + keys.length - 1) % keys.length],
+      Home: keys[0], End: keys[keys.length - 1] }[event.key];
+    if (!next) return;
+    event.preventDefault();
+    this.showTab(next);
+    this.tabButtons.get(next).focus();
+  }
+
+  showTab(key) {
+    for (const [k, button] of this.tabButtons) {
+      const on = k === key;
+      button.setAttribute("aria-selected", String(on));
+      button.tabIndex = on ? 0 : -1;
+      this.tabPanels.get(k).hidden = !on;
+    }
+  }
+
+  // -- the stream ------------------------------------------------------------------------------
+
+  follow() {
+    followStream(this.runId, {
+      after: 0,
+      signal: this.abort.signal,
+      onEvent: (event) => this.onEvent(event),
+      onState: (state, error) => {
+        const text = { open: "● live", reconnecting: "reconnecting…", closed: "finished", error: "stream refused" }[state];
+        this.streamState.textContent = text;
+        this.streamState.className = `stream-state stream-${state}`;
+        if (state === "error" && error) this.streamState.title = error.message;
+      },
+    });
+  }
+
+  onEvent(event) {
+    this.types.set(event.seq, event.type);
+    this.timeline.add(event);
+    this.agents.add(event);
+    if (ERROR_EVENTS.has(event.type) || (event.type === "flow:complete" && event.error)) {
+      this.errors.push(event);
+      this.renderErrors();
+    }
+    if (event.seq > this.lastSeq) {
+      this.lastSeq = event.seq;
+      this.refreshSoon();
+    }
+    this.updateSlider();
+    if (this.at !== null) this.timeline.markAt(this.at);
+  }
+
+  refreshSoon(delay = REFRESH_DEBOUNCE_MS) {
+    if (this.refreshing) {
+      this.dirty = true;
+      return;
+    }
+    clearTimeout(this.timer);
+    this.timer = setTimeout(() => this.refresh(), delay);
+  }
+
+  async refresh() {
+    this.refreshing = api(`/runs/${encodeURIComponent(this.runId)}`, { signal: this.abort.signal });
+    try {
+      this.live = await this.refreshing;
+      this.lastSeq = Math.max(this.lastSeq, this.live.run.seq);
+      this.renderLive();
+      if (this.at === null) this.renderView(this.live);
+    } catch (error) {
+      if (this.abort.signal.aborted) return;
+      this.streamState.textContent = `could not refresh: ${error.message}`;
+    } finally {
+      this.refreshing = null;
+    }
+    if (this.dirty) {
+      this.dirty = false;
+      this.refreshSoon();
+    }
+  }
+
+  // -- time travel ------------------------------------------------------------------------------
+
+  navigateAt(seq, replace = false) {
+    const hash = `#/runs/${encodeURIComponent(this.runId)}${seq === null ? "" : `?at=${seq}`}`;
+    if (replace) location.replace(hash);
+    else location.hash = hash;
+  }
+
+  update(params) {
+    this.setAt(parseAt(params));
+    return true;
+  }
+
+  async setAt(at, { force = false } = {}) {
+    if (!this.graph) return;
+    if (at === this.at && !force) return;
+    this.at = at;
+    this.timeline.markAt(at);
+    this.updateSlider();
+    if (at === null) {
+      this.travelNote.hidden = true;
+      this.renderView(this.live);
+      return;
+    }
+    try {
+      const view = await api(`/runs/${encodeURIComponent(this.runId)}`, { query: { at }, signal: this.abort.signal });
+      if (this.at !== at) return;
+      this.renderView(view);
+      this.travelNote.hidden = false;
+      replaceChildren(this.travelNote, `Time travel: the graph, node details and snapshot show the run right after ` +
+        `event #${at}${this.types.has(at) ? ` (${this.types.get(at)})` : ""}. Actions act on the run as it is now.`);
+    } catch (error) {
+      if (this.abort.signal.aborted) return;
+      this.travelNote.hidden = false;
+      replaceChildren(this.travelNote, h("span", { class: "error-text" }, `No snapshot after event ${at}: ${error.message}`));
+    }
+  }
+
+  updateSlider() {
+    if (!this.slider) return;
+    this.slider.max = String(Math.max(1, this.lastSeq));
+    const value = this.at === null ? this.lastSeq : this.at;
+    if (document.activeElement !== this.slider || this.at === null) this.slider.value = String(value);
+    this.labelSlider(value);
+    this.liveButton.disabled = this.at === null;
+  }
+
+  labelSlider(value) {
+    const type = this.types.get(value);
+    this.sliderOut.textContent = `#${value} of ${this.lastSeq}${type ? ` · ${type}` : ""}${this.at === null ? " (live)" : ""}`;
+  }
+
+  // -- rendering ----------------------------------------------------------------------------
+
+  renderLive() {
+    const { run } = this.live;
+    replaceChildren(this.badge, statusBadge(run.status));
+    const item = (label, ...value) => h("div", {}, h("dt", {}, label), h("dd", {}, value));
+    const took = run.durationMs !== null ? duration(run.durationMs) : `${duration(Date.now() - run.createdAt)} so far`;
+    replaceChildren(this.meta,
+      item("created", h("time", { datetime: new Date(run.createdAt).toISOString() }, datetime(run.createdAt))),
+      item("duration", took),
+      item("cost", h("strong", { class: "total-cost" }, cost(run.totalCostUsd))),
+      item("tokens", usage(run.usage)),
+      item("events", String(run.seq)),
+      run.parentRunId ? item("parent", runLink(run.parentRunId)) : null,
+      this.live.children.length ? item("children", String(this.live.children.length)) : null);
+    this.banner.hidden = !run.error;
+    if (run.error) replaceChildren(this.banner, h("strong", {}, `Run ${run.status}: `), run.error);
+    if (this.actions.update(this.live)) {
+      // A question for the reader comes first; otherwise the graph does.
+      if (this.actions.asksForReply) this.left.prepend(this.actions.element);
+      else this.left.append(this.actions.element);
+    }
+    this.renderRunPanel();
+  }
+
+  renderView(view) {
+    this.view = view;
+    this.graph.paint(view.snapshot);
+    this.renderInspector();
+    this.renderSnapshot();
+  }
+
+  selectNode(nodeId) {
+    this.selected = nodeId;
+    this.graph.select(nodeId);
+    this.renderInspector();
+  }
+
+  renderInspector() {
+    if (!this.selected || !this.view) return;
+    const id = this.selected;
+    const snap = this.view.snapshot;
+    const node = (this.flow.nodes || []).find((n) => n.id === id);
+    const status = (snap.nodeStatus || {})[id] || "pending";
+    const fault = (snap.faults || {})[id];
+    const waiting = (snap.waiting || {})[id];
+    const progress = forEachProgress(snap, id, this.flow);
+    const loops = (this.flow.edges || []).filter((e) => e.maxIterations !== undefined && (e.from === id || e.to === id));
+    const rows = [
+      ["type", node.type],
+      ["status", statusBadge(status)],
+      ["node run", (snap.nodeRuns || {})[id] ? h("code", {}, snap.nodeRuns[id]) : "—"],
+      ["attempt", String((snap.attempts || {})[id] || "—")],
+      progress ? ["forEach", `${progress.done} of ${progress.total} done`] : null,
+      ...loops.map((e) => {
+        const eid = e.id ?? `${e.from}->${e.to}`;
+        return ["loop", `${eid}: ${(snap.loopCounters || {})[eid] || 0} of ${e.maxIterations}`];
+      }),
+      (snap.agentSessions || {})[id] ? ["session", h("code", {}, snap.agentSessions[id])] : null,
+    ].filter(Boolean);
+    const buttons = h("div", { class: "buttons" },
+      h("button", { type: "button", onclick: () => { this.showTab("timeline"); this.timeline.showNode(id); } },
+        "Show in timeline"),
+      node.type === "claude.agent" ? h("button", { type: "button", onclick: () => { this.showTab("agents"); this.agents.open(id); } },
+        "Conversation") : null);
+    replaceChildren(this.inspector,
+      h("h3", {}, id),
+      h("dl", { class: "facts" }, rows.map(([k, v]) => [h("dt", {}, k), h("dd", {}, v)])),
+      fault ? h("div", { class: "fault" }, h("strong", {}, `${fault.errorType}: `), fault.message) : null,
+      waiting ? h("div", { class: "waiting-note" }, h("strong", {}, "Waiting: "),
+        typeof waiting.prompt === "string" ? waiting.prompt : preview(waiting.prompt, 300)) : null,
+      id in (snap.outputs || {}) ? h("details", { class: "value-details", open: true }, h("summary", {}, "output"),
+        valueBlock(snap.outputs[id])) : null,
+      buttons);
+  }
+
+  renderSnapshot() {
+    const snap = this.view.snapshot;
+    const title = this.at === null ? `Snapshot now (after event #${snap.seq})` : `Snapshot after event #${snap.seq}`;
+    const keys = ["status", "nodeStatus", "edgeStatus", "loopCounters", "outputs", "state", "waiting", "inbox",
+      "faults", "forEach", "attempts", "nodeRuns", "agentSessions", "usage", "totalCostUsd", "error"];
+    // Keep what the reader opened or closed across refreshes; at first, open the usual suspects.
+    const shown = [...this.snapshotPanel.querySelectorAll("details[data-key]")];
+    const open = shown.length ? new Set(shown.filter((d) => d.open).map((d) => d.dataset.key))
+      : new Set(["nodeStatus", "outputs", "state"]);
+    replaceChildren(this.snapshotPanel, h("h3", {}, title),
+      keys.filter((k) => snap[k] !== undefined).map((k) => {
+        const d = h("details", { class: "value-details", dataset: { key: k } }, h("summary", {}, k), valueBlock(snap[k]));
+        d.open = open.has(k);
+        return d;
+      }),
+      h("details", { class: "value-details" }, h("summary", {}, "the whole snapshot (JSON)"), valueBlock(snap)));
+  }
+
+  renderRunPanel() {
+    const { run, children } = this.live;
+    replaceChildren(this.runPanel,
+      section("Input", valueBlock(run.input)),
+      section("Usage and cost", h("dl", { class: "facts" },
+        h("dt", {}, "total cost"), h("dd", {}, cost(run.totalCostUsd)),
+        h("dt", {}, "input tokens"), h("dd", {}, String(run.usage.inputTokens)),
+        h("dt", {}, "output tokens"), h("dd", {}, String(run.usage.outputTokens)),
+        h("dt", {}, "cache reads"), h("dd", {}, String(run.usage.cacheReadInputTokens)),
+        h("dt", {}, "cache writes"), h("dd", {}, String(run.usage.cacheCreationInputTokens))),
+      h("p", { class: "hint" }, "Child runs included.")),
+      section(`Child runs (${children.length})`, children.length ? h("table", { class: "children" },
+        h("thead", {}, h("tr", {}, ["Status", "Run", "Flow", "Duration", "Cost"].map((c) => h("th", { scope: "col" }, c)))),
+        h("tbody", {}, children.map((c) => h("tr", {}, h("td", {}, statusBadge(c.status)), h("td", {}, runLink(c.runId)),
+          h("td", {}, c.flowName), h("td", {}, duration(c.durationMs)), h("td", {}, cost(c.totalCostUsd))))))
+        : h("p", { class: "empty" }, "None.")),
+      this.errorsSection = section("Errors", h("div", { class: "errors-body" })));
+    this.renderErrors();
+  }
+
+  renderErrors() {
+    if (!this.errorsSection || !this.live) return;
+    const body = this.errorsSection.querySelector(".errors-body");
+    const faults = Object.entries(this.live.snapshot.faults || {});
+    const items = [
+      ...faults.map(([node, f]) => h("li", { class: "fault" }, h("strong", {}, node), ` ${f.errorType}: ${f.message}`)),
+      ...this.errors.map((e) => h("li", {},
+        h("button", { type: "button", class: "seq", onclick: () => this.navigateAt(e.seq) }, `#${e.seq}`), " ",
+        h("span", { class: "ev-type" }, e.type), " ", e.nodeId ? h("strong", {}, e.nodeId) : null, " ",
+        e.type === "flow:complete" ? e.error : `${e.errorType}: ${e.message}`,
+        e.details !== undefined && e.details !== null ? valueBlock(e.details) : null)),
+    ];
+    replaceChildren(body, items.length ? h("ul", { class: "errors" }, items) : h("p", { class: "empty" }, "None."));
+    this.errorCount.hidden = !items.length;
+    this.errorCount.textContent = ` ${items.length}`;
+    this.errorCount.setAttribute("aria-label", `${items.length} errors`);
+  }
+
+  dispose() {
+    this.abort.abort();
+    clearTimeout(this.timer);
+  }
+}
+
+function parseAt(params) {
+  const raw = params.get("at");
+  if (raw === null || !/^\d+$/.test(raw)) return null;
+  return Number(raw);
+}
+
+function legend() {
+  return h("ul", { class: "legend", "aria-label": "colours" },
+    ["pending", "running", "waiting", "done", "failed", "skipped"].map((s) =>
+      h("li", {}, h("span", { class: `swatch st-${s}`, "aria-hidden": "true" }), s)));
+}
