@@ -86,7 +86,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
 
 def _expected_files() -> set[str]:
     """Every file the wheel should hold, by its installed path: each module of the mapped package
-    folders, py.typed, and the example flows and fixtures."""
+    folders, py.typed, the example flows and fixtures, and the web UI's assets."""
     mapping: dict[str, str] = PYPROJECT["tool"]["setuptools"]["package-dir"]
     expected: set[str] = set()
     for package, folder in mapping.items():
@@ -97,8 +97,9 @@ def _expected_files() -> set[str]:
                           and (ROOT / f) in path.parents), None)
             if inner is not None or "__pycache__" in relative.parts or not path.is_file():
                 continue
-            if path.suffix == ".py" or path.name == "py.typed" or (package.startswith("flowkernel.examples.")
-                                                                   and path.suffix == ".json"):
+            web_ui = package == "flowkernel" and relative.parts[:2] == ("server", "static")
+            if path.suffix == ".py" or path.name == "py.typed" or web_ui or (
+                    package.startswith("flowkernel.examples.") and path.suffix == ".json"):
                 expected.add(f"{prefix}/{relative.as_posix()}")
     return expected
 
@@ -112,6 +113,7 @@ def test_the_wheel_holds_one_import_package_with_every_module(installed: Install
     assert "flowkernel/py.typed" in files
     assert "flowkernel/examples/flows/review-loop.json" in files
     assert "flowkernel/examples/fixtures/review-loop/planner.json" in files
+    assert {"flowkernel/server/static/index.html", "flowkernel/server/static/app.js"} <= files
     assert not [n for n in files if "/tests/" in n or n.endswith(".pyc")]
 
 

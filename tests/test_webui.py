@@ -1,0 +1,498 @@
+"""The web UI in a real headless Chromium against a real ``flowkernel serve`` (DESIGN §10, issue 16).
+
+Runs are executed by threads of this process with their own kernels on the server's SQLite file:
+to the server that is another process executing runs, as a worker is. Every test ends by checking
+that the page requested nothing from any host but the server and logged no console error.
+Screenshots go to ``test-artifacts/`` (git-ignored).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import flowkernel.examples.research_tools  # noqa: F401  (registers lookup_fact)
+import pytest
+from flowkernel.api import Kernel
+from flowkernel.fixtures import MockQuery
+from flowkernel.store.open import open_store
+
+import tests.plugins.waiters  # noqa: F401  (registers await_message, block_first_run)
+from tests.browser_support import (
+    CHROMIUM_ARGS,
+    WAIT_MS,
+    Executor,
+    Server,
+    Watched,
+    chromium_path,
+    serve,
+    watch,
+    why_no_browser,
+)
+from tests.server_support import wait_for
+
+pytestmark = pytest.mark.skipif(why_no_browser() is not None, reason=f"browser tests: {why_no_browser()}")
+
+ROOT = Path(__file__).resolve().parent.parent
+FLOWS = ROOT / "flows"
+FIXTURES = ROOT / "fixtures"
+QUESTION = "Which database should our desktop app use?"
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        # The system's Chromium, never one Playwright downloads; a fresh profile per launch.
+        b = p.chromium.launch(executable_path=chromium_path(), headless=True, args=CHROMIUM_ARGS)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    db = str(tmp_path_factory.mktemp("webui") / "runs.db")
+    Kernel(open_store(db, create=True)).close()
+    with serve(db, "--flows", str(FLOWS)) as s:
+        yield s
+
+
+@pytest.fixture
+def executor(server: Server) -> Iterator[Executor]:
+    ex = Executor(server.db)
+    yield ex
+    ex.join()
+
+
+@pytest.fixture
+def open_page(browser: Any, server: Server) -> Iterator[Callable[..., Watched]]:
+    contexts: list[Any] = []
+
+    def open_(fragment: str = "", *, width: int = 1280, height: int = 800, at: Server | None = None) -> Watched:
+        context = browser.new_context(viewport={"width": width, "height": height})
+        contexts.append(context)
+        watched = watch(context.new_page(), (at or server).url)
+        watched.goto(fragment)
+        return watched
+
+    yield open_
+    for c in contexts:
+        c.close()
+
+
+def expect(locator: Any) -> Any:
+    """Playwright's ``expect``: retried until true, up to a deadline generous enough for a busy machine."""
+    from playwright.sync_api import expect as playwright_expect
+
+    playwright_expect.set_options(timeout=WAIT_MS)
+    return playwright_expect(locator)
+
+
+def write_flow(tmp_path: Path, document: dict[str, Any]) -> Path:
+    path = tmp_path / f"{document['name']}.json"
+    path.write_text(json.dumps(document))
+    return path
+
+
+def snapshot(server: Server, run_id: str) -> dict[str, Any]:
+    got = server.api("GET", f"/runs/{run_id}")
+    assert got.status_code == 200, got.text
+    body: dict[str, Any] = got.json()
+    return body
+
+
+def events(server: Server, run_id: str) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = server.api("GET", f"/runs/{run_id}/events", params={"limit": 500}).json()["items"]
+    return items
+
+
+def research_fixtures() -> dict[str, Any]:
+    return {"query_fn": MockQuery(FIXTURES / "research")}
+
+
+def node(page: Any, node_id: str) -> Any:
+    return page.locator(f'svg.flow-graph g.node[data-node="{node_id}"]')
+
+
+def status_class(status: str) -> re.Pattern[str]:
+    return re.compile(rf"\bst-{status}\b")
+
+
+# --- the runs list ------------------------------------------------------------------------------
+
+
+def test_the_runs_list_shows_status_flow_times_cost_and_parent_and_follows_new_runs(
+        open_page: Callable[..., Watched], server: Server, executor: Executor) -> None:
+    hello = executor.run(FLOWS / "hello.json", {"name": "Ada"})
+    research = executor.run(FLOWS / "research.json", {"question": QUESTION}, services=research_fixtures())
+    parent = executor.run(FLOWS / "subflow.json", {"topic": "durable workflows"},
+                          services={"query_fn": MockQuery(FIXTURES / "subflow")})
+    child = snapshot(server, parent)["children"][0]["runId"]
+
+    ui = open_page("#/")
+    page = ui.page
+    row = page.locator(f'tr[data-run="{hello}"]')
+    expect(row.locator(".badge")).to_have_text("completed")
+    expect(row.locator(".badge")).to_have_class(status_class("done"))
+    expect(row).to_contain_text("hello")
+    summary = snapshot(server, hello)["run"]
+    expect(row.locator("td").nth(3)).to_contain_text(re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d"))
+    expect(row.locator("td").nth(4)).to_have_text(re.compile(r"^\d+(\.\d+)? m?s$"))
+    assert summary["durationMs"] is not None
+    waiting = page.locator(f'tr[data-run="{research}"]')
+    expect(waiting.locator(".badge")).to_have_text("waiting")
+    research_cost = snapshot(server, research)["run"]["totalCostUsd"]
+    assert research_cost > 0
+    expect(waiting.locator("td").nth(5)).to_have_text(f"${research_cost:.4f}")
+    expect(page.locator(f'tr[data-run="{child}"] td').nth(6)).to_have_text(parent)
+    page.locator(f'tr[data-run="{child}"] td').nth(6).locator("a").click()
+    expect(page).to_have_url(re.compile(rf"#/runs/{parent}$"))
+    page.go_back()
+
+    # Live: a run created after the page was loaded shows up without a reload.
+    page.evaluate("window.__same_page = true")
+    later = executor.run(FLOWS / "hello.json", {"name": "Grace"})
+    expect(page.locator(f'tr[data-run="{later}"] .badge')).to_have_text("completed")
+    assert page.evaluate("window.__same_page") is True
+    ui.screenshot("runs-list")
+
+    # Filters: by status, then by flow; both are kept in the address.
+    page.select_option("select[name=status]", "waiting")
+    expect(page).to_have_url(re.compile(r"status=waiting"))
+    expect(page.locator(f'tr[data-run="{hello}"]')).to_have_count(0)
+    expect(page.locator(f'tr[data-run="{research}"]')).to_have_count(1)
+    expect(page.locator("tbody tr[data-status]:not([data-status=waiting])")).to_have_count(0)
+    page.select_option("select[name=status]", "")
+    page.select_option("select[name=flow]", "hello")
+    expect(page.locator(f'tr[data-run="{research}"]')).to_have_count(0)
+    expect(page.locator(f'tr[data-run="{hello}"]')).to_have_count(1)
+    expect(page.locator(f'tr[data-run="{later}"]')).to_have_count(1)
+
+    # Pages: one run a page here, newest first, through the API's cursors.
+    ui.goto("#/?flow=hello&limit=1")
+    expect(page.locator("tbody tr[data-run]")).to_have_count(1)
+    expect(page.locator(f'tr[data-run="{later}"]')).to_have_count(1)
+    page.get_by_role("button", name="Older →").click()
+    expect(page.locator(f'tr[data-run="{hello}"]')).to_have_count(1)
+    expect(page.locator("tbody tr[data-run]")).to_have_count(1)
+    page.get_by_role("button", name="← Newer").click()
+    expect(page.locator(f'tr[data-run="{later}"]')).to_have_count(1)
+    ui.assert_clean()
+
+
+# --- the run page -------------------------------------------------------------------------------
+
+
+LIVE_FLOW = {"name": "live", "description": "waits for a message, then finishes", "nodes": [
+    {"id": "prepare", "type": "transform", "input": {"expr": "'ready'"}},
+    {"id": "wait", "type": "python", "input": {"function": "await_message"}},
+    {"id": "finish", "type": "transform", "input": {"expr": "{'got': wait}"}}],
+    "edges": [{"from": "prepare", "to": "wait"}, {"from": "wait", "to": "finish"}]}
+
+
+def test_a_run_page_shows_every_node_with_its_status_and_the_timeline_fills_in_live(
+        open_page: Callable[..., Watched], server: Server, executor: Executor, tmp_path: Path) -> None:
+    run_id = executor.start(write_flow(tmp_path, LIVE_FLOW))
+    wait_for(lambda: snapshot(server, run_id)["snapshot"]["nodeStatus"].get("wait") == "running", what="wait to run")
+
+    ui = open_page(f"#/runs/{run_id}")
+    page = ui.page
+    expect(page.locator("svg.flow-graph g.node")).to_have_count(3)
+    expect(node(page, "prepare")).to_have_class(status_class("done"))
+    expect(node(page, "wait")).to_have_class(status_class("running"))
+    expect(node(page, "finish")).to_have_class(status_class("pending"))
+    expect(page.locator('g.edge[data-edge="prepare->wait"]')).to_have_class(re.compile(r"\bes-fired\b"))
+    expect(page.locator(".run-head .badge")).to_have_text("running")
+    group = page.locator('li.noderun[data-node="wait"]')
+    expect(group).to_have_attribute("data-status", "running")
+    expect(page.locator(".stream-state")).to_have_text("● live")
+    page.evaluate("window.__same_page = true")
+
+    # A message sent from the page reaches the node run; the rest of the run arrives over the stream.
+    form = page.locator("form.send-form")
+    form.get_by_label("To node run").select_option(label="wait (running)")
+    form.get_by_label("Message").fill("hello from the page")
+    form.get_by_role("button", name="Send").click()
+    expect(page.locator(".actions .outcome")).to_contain_text("send accepted")
+    expect(page.locator(".run-head .badge")).to_have_text("completed")
+    expect(group).to_have_attribute("data-status", "done")
+    expect(page.locator('li.noderun[data-node="finish"]')).to_have_attribute("data-status", "done")
+    expect(page.locator(".timeline > li.ev .ev-type").last).to_have_text("flow:complete")
+    expect(node(page, "finish")).to_have_class(status_class("done"))
+    expect(page.locator('g.edge[data-edge="wait->finish"]')).to_have_class(re.compile(r"\bes-fired\b"))
+    assert page.evaluate("window.__same_page") is True  # all of it live, no reload
+    seqs = [int(s) for s in page.locator(".timeline li.ev[data-seq]").evaluate_all("els => els.map(e => e.dataset.seq)")]
+    assert sorted(seqs) == list(range(1, len(events(server, run_id)) + 1))  # every event, once
+    assert snapshot(server, run_id)["snapshot"]["outputs"]["finish"] == {"got": ["hello from the page"]}
+    ui.screenshot("run-page")
+    ui.assert_clean()
+
+
+HUMAN_FLOW = {"name": "release", "nodes": [
+    {"id": "review", "type": "human.input", "input": {"prompt": "Approve the release?", "schema": {
+        "type": "object", "required": ["approved", "comment", "risk"],
+        "properties": {"approved": {"type": "boolean", "title": "Approved"},
+                       "comment": {"type": "string", "minLength": 3, "description": "what the team should know"},
+                       "risk": {"enum": ["low", "high"]},
+                       "reviewers": {"type": "integer", "minimum": 1}}}}},
+    {"id": "publish", "type": "transform", "input": {"expr": "review"}}],
+    "edges": [{"from": "review", "to": "publish"}]}
+
+
+def test_a_waiting_human_nodes_form_is_built_from_its_schema_validated_and_completes_the_run(
+        open_page: Callable[..., Watched], server: Server, executor: Executor, tmp_path: Path) -> None:
+    run_id = executor.run(write_flow(tmp_path, HUMAN_FLOW))
+    assert snapshot(server, run_id)["run"]["status"] == "waiting"
+    ui = open_page(f"#/runs/{run_id}")
+    page = ui.page
+    card = page.locator('.card.waiting[data-node="review"]')
+    expect(card.locator("pre.prompt")).to_have_text("Approve the release?")
+    expect(node(page, "review")).to_have_class(status_class("waiting"))
+
+    # Checked in the page before anything is sent: the problem is shown at its field.
+    card.get_by_label("comment").fill("ok")
+    card.get_by_label("reviewers").fill("0")
+    card.get_by_role("button", name="Send reply").click()
+    expect(card.locator(".field-error").filter(has_text="comment must be at least 3 characters")).to_be_visible()
+    expect(card.locator(".field-error").filter(has_text="reviewers must be at least 1")).to_be_visible()
+    expect(card.get_by_label("comment")).to_have_attribute("aria-invalid", "true")
+    before = len(events(server, run_id))
+    card.get_by_label("comment").fill("Ship it")
+    card.get_by_label("reviewers").fill("2")
+    card.get_by_label("Approved").check()
+    card.get_by_label("risk").select_option(label="low")
+    assert len(events(server, run_id)) == before  # nothing was sent while the form was invalid
+    card.get_by_role("button", name="Send reply").click()
+    expect(page.locator(".actions .outcome")).to_contain_text("reply accepted")
+
+    executor.continue_run(run_id)  # what a worker does with a run whose wait was answered
+    expect(page.locator(".run-head .badge")).to_have_text("completed")
+    expect(node(page, "publish")).to_have_class(status_class("done"))
+    expect(page.locator(".actions")).to_contain_text("The run is completed: no command applies.")
+    answer = {"approved": True, "comment": "Ship it", "risk": "low", "reviewers": 2}
+    assert snapshot(server, run_id)["snapshot"]["outputs"]["publish"] == answer
+    ui.assert_clean()
+
+
+def test_an_agent_run_from_fixtures_shows_its_conversation_tool_calls_and_answers_ask_human(
+        open_page: Callable[..., Watched], server: Server, executor: Executor) -> None:
+    run_id = executor.run(FLOWS / "research.json", {"question": QUESTION}, services=research_fixtures())
+    ui = open_page(f"#/runs/{run_id}")
+    page = ui.page
+
+    # The timeline nests the agent's text and tool calls under its node run.
+    group = page.locator('li.noderun[data-node="researcher"]')
+    expect(group.locator("pre.agent-text").first).to_have_text("Let me look up the candidates.")
+    tools = group.locator("details.tool")
+    expect(tools).to_have_count(2)
+    expect(tools.first.locator(".tool-name")).to_have_text("lookup_fact")
+    tools.first.locator("summary").click()
+    expect(tools.first.locator(".tool-part").first).to_contain_text('"topic": "sqlite"')
+    stored = server.api("GET", f"/runs/{run_id}/tool-calls").json()["items"]
+    expect(tools.first.locator(".tool-part").nth(1)).to_contain_text(str(stored[0]["output"])[:40])
+    expect(tools.first.locator("summary")).to_contain_text(re.compile(r"\d+ ms"))
+
+    # The agent's conversation: every stored message and tool call.
+    page.get_by_role("tab", name="Agents").click()
+    agent = page.locator('details.agent-run[data-node="researcher"]').first
+    agent.locator("summary").first.click()
+    messages = agent.locator("li.message")
+    stored_messages = server.api("GET", f"/runs/{run_id}/messages").json()["items"]
+    expect(messages).to_have_count(len(stored_messages))
+    expect(messages.first.locator(".role")).to_have_text("system")
+    expect(messages.nth(1)).to_contain_text(QUESTION)
+    expect(agent.locator(".block-tool-use").first).to_contain_text("lookup_fact")
+    expect(agent.locator(".tool-calls tbody tr")).to_have_count(2)
+    # The stored JSON of a message comes from the API when asked for.
+    agent.locator("li.message details.raw > summary").first.click()
+    expect(agent.locator("li.message details.raw").first).to_contain_text('"role": "system"')
+
+    # Answering the agent's ask_human from the page.
+    page.get_by_role("tab", name="Timeline").click()
+    card = page.locator('.card.waiting[data-node="researcher"]')
+    expect(card).to_contain_text("The agent asks (ask_human)")
+    card.get_by_label("Your answer").fill("Mostly record transactions.")
+    card.get_by_role("button", name="Answer").click()
+    expect(page.locator(".actions .outcome")).to_contain_text("reply accepted")
+    executor.continue_run(run_id, services=research_fixtures())
+    expect(page.locator(".run-head .badge")).to_have_text("completed")
+    # The answer resumed the agent in a new node run, which carries on the same conversation.
+    page.get_by_role("tab", name="Agents").click()
+    runs = page.locator('details.agent-run[data-node="researcher"]')
+    expect(runs).to_have_count(2)
+    runs.last.locator("summary").first.click()
+    expect(runs.last.locator(".tool-calls tbody tr")).to_have_count(1)
+    expect(runs.last.locator(".tool-calls tbody tr")).to_contain_text("ask_human")
+    expect(runs.last.locator("li.message").last).to_contain_text("Use SQLite")
+    expect(page.locator(".run-meta .total-cost")).to_have_text(
+        f"${snapshot(server, run_id)['run']['totalCostUsd']:.4f}")
+    ui.screenshot("agent-conversation")
+    ui.assert_clean()
+
+
+def test_the_snapshot_after_any_event_by_a_click_on_it_or_the_slider(
+        open_page: Callable[..., Watched], server: Server, executor: Executor) -> None:
+    run_id = executor.run(FLOWS / "hello.json", {"name": "Ada"})
+    greet_start = next(e["seq"] for e in events(server, run_id) if e["type"] == "node:start" and e["nodeId"] == "greet")
+    ui = open_page(f"#/runs/{run_id}")
+    page = ui.page
+    expect(node(page, "finish")).to_have_class(status_class("done"))
+
+    page.locator(f'li[data-seq="{greet_start}"] button.seq').first.click()
+    expect(page).to_have_url(re.compile(rf"\?at={greet_start}$"))
+    expect(node(page, "greet")).to_have_class(status_class("running"))
+    expect(node(page, "join")).to_have_class(status_class("pending"))
+    expect(page.locator(".travel-note")).to_contain_text(f"event #{greet_start} (node:start)")
+    expect(page.locator(f'li[data-seq="{greet_start + 1}"]').first).to_have_class(re.compile(r"\bfuture\b"))
+    page.get_by_role("tab", name="Snapshot").click()
+    expect(page.locator(".snapshot-panel h3")).to_have_text(f"Snapshot after event #{greet_start}")
+
+    # The slider, by keyboard: Home goes to the first event, where nothing has run yet.
+    page.get_by_label("Snapshot after event").focus()
+    page.keyboard.press("Home")
+    expect(page).to_have_url(re.compile(r"\?at=1$"))
+    expect(node(page, "greet")).to_have_class(status_class("pending"))
+    # An address with ?at=SEQ opens there.
+    ui.goto(f"#/runs/{run_id}?at={greet_start}")
+    page.reload()
+    expect(node(page, "greet")).to_have_class(status_class("running"))
+    page.get_by_role("button", name="Back to live").click()
+    expect(page).to_have_url(re.compile(rf"#/runs/{run_id}$"))
+    expect(node(page, "greet")).to_have_class(status_class("done"))
+    expect(page.locator(".travel-note")).to_be_hidden()
+    ui.assert_clean()
+
+
+def test_loops_foreach_progress_and_skipped_edges_are_drawn(
+        open_page: Callable[..., Watched], server: Server, executor: Executor) -> None:
+    run_id = executor.run(FLOWS / "hello.json", {"name": "Ada"})
+    ui = open_page(f"#/runs/{run_id}")
+    page = ui.page
+    expect(node(page, "long")).to_have_class(status_class("skipped"))
+    expect(page.locator('g.edge[data-edge="greet->long"]')).to_have_class(re.compile(r"\bes-skipped\b"))
+    loop = snapshot(server, run_id)["snapshot"]["loopCounters"]["review->draft"]
+    expect(page.locator('g.edge[data-edge="review->draft"] .edge-label')).to_have_text(f"↻ {loop}/5")
+    expect(node(page, "shout").locator(".node-badge")).to_have_text("3/3")
+    node(page, "shout").click()
+    expect(page.locator(".inspector")).to_contain_text("3 of 3 done")
+    ui.assert_clean()
+
+
+# --- actions ------------------------------------------------------------------------------------
+
+
+def test_a_refused_command_shows_the_apis_reason_and_abort_takes_a_reason(
+        open_page: Callable[..., Watched], server: Server, executor: Executor, tmp_path: Path) -> None:
+    # dependentRequired is checked by the server, not by the page: the refusal comes from the API.
+    flow = {"name": "strict", "nodes": [{"id": "q", "type": "human.input", "input": {"prompt": "Name and surname?",
+            "schema": {"type": "object", "properties": {"name": {"type": "string"}, "surname": {"type": "string"}},
+                       "dependentRequired": {"name": ["surname"]}}}}], "edges": []}
+    run_id = executor.run(write_flow(tmp_path, flow))
+    ui = open_page(f"#/runs/{run_id}")
+    page = ui.page
+    card = page.locator('.card.waiting[data-node="q"]')
+    card.get_by_label("name", exact=True).fill("Ada")
+    card.get_by_role("button", name="Send reply").click()
+    alert = page.locator(".actions .refusal")
+    expect(alert).to_be_visible()
+    refused = [e for e in events(server, run_id) if e["type"] == "command:received" and not e["accepted"]]
+    assert len(refused) == 1
+    expect(alert).to_contain_text(f"reply refused (422): {refused[0]['reason']}")
+
+    page.get_by_label("Abort with a reason").fill("no longer needed")
+    page.get_by_role("button", name="Abort run").click()
+    expect(page.locator(".run-head .badge")).to_have_text("aborted")
+    expect(page.locator(".run-error")).to_contain_text("no longer needed")
+    expect(page.locator(".actions")).to_contain_text("The run is aborted: no command applies.")
+    ui.assert_clean(allowed=("status of 422",))
+
+
+def test_pause_from_the_page_pauses_a_running_run(
+        open_page: Callable[..., Watched], server: Server, executor: Executor, tmp_path: Path) -> None:
+    flow = {"name": "blocked", "nodes": [{"id": "work", "type": "python", "input": {"function": "block_first_run"}}],
+            "edges": []}
+    run_id = executor.start(write_flow(tmp_path, flow))
+    wait_for(lambda: snapshot(server, run_id)["snapshot"]["nodeStatus"].get("work") == "running", what="work to run")
+    ui = open_page(f"#/runs/{run_id}")
+    page = ui.page
+    expect(page.get_by_role("button", name="Pause")).to_be_visible()
+    page.get_by_role("button", name="Pause").click()
+    expect(page.locator(".run-head .badge")).to_have_text("paused")
+    expect(page.locator('li.noderun[data-node="work"]')).to_have_attribute("data-status", "interrupted")
+    expect(page.get_by_label("Resume with a message")).to_be_visible()
+    expect(page.get_by_role("button", name="Pause")).to_have_count(0)
+    ui.assert_clean()
+
+
+# --- the page itself ------------------------------------------------------------------------------
+
+
+def test_a_token_is_asked_for_once_and_kept_for_the_session(browser: Any, tmp_path: Path) -> None:
+    db = str(tmp_path / "runs.db")
+    Kernel(open_store(db, create=True)).close()
+    run_id = Executor(db).run(FLOWS / "hello.json", {"name": "Ada"})
+    with serve(db, token="s3cret-token") as guarded:
+        context = browser.new_context(viewport={"width": 1280, "height": 800})
+        try:
+            ui = watch(context.new_page(), guarded.url)
+            ui.goto("#/")
+            page = ui.page
+            dialog = page.locator("#token-dialog")
+            expect(dialog).to_be_visible()
+            page.get_by_label("API token").fill("wrong")
+            page.get_by_role("button", name="Use token").click()
+            expect(dialog).to_contain_text("That token was refused")
+            page.get_by_label("API token").fill("s3cret-token")
+            page.get_by_role("button", name="Use token").click()
+            expect(page.locator(f'tr[data-run="{run_id}"]')).to_have_count(1)
+            page.locator(f'tr[data-run="{run_id}"] a').first.click()
+            expect(node(page, "finish")).to_have_class(status_class("done"))
+            page.reload()
+            expect(node(page, "finish")).to_have_class(status_class("done"))
+            expect(dialog).to_be_hidden()  # asked once: the session keeps it
+            ui.assert_clean(allowed=("status of 401",))
+            fresh = watch(context.new_page(), guarded.url)  # another tab of the session: sessionStorage is per tab
+            fresh.goto("#/")
+            expect(fresh.page.locator("#token-dialog")).to_be_visible()
+        finally:
+            context.close()
+
+
+def test_keyboard_reaches_the_graph_and_the_actions_and_a_narrow_window_has_no_sideways_scroll(
+        open_page: Callable[..., Watched], server: Server, executor: Executor) -> None:
+    run_id = executor.run(FLOWS / "research.json", {"question": QUESTION}, services=research_fixtures())
+    ui = open_page(f"#/runs/{run_id}")
+    page = ui.page
+    expect(node(page, "researcher")).to_have_class(status_class("waiting"))
+    expect(page.locator('li.noderun[data-node="researcher"] details.tool')).to_have_count(2)
+    ui.screenshot("run-page-agent")
+    reached: list[str] = []
+    for _ in range(80):
+        page.keyboard.press("Tab")
+        reached.append(page.evaluate(
+            "() => { const e = document.activeElement; return e.dataset.node ? 'node:' + e.dataset.node"
+            " : (e.textContent || e.getAttribute('aria-label') || e.tagName).trim().slice(0, 40); }"))
+        if "Answer" in reached and "node:report" in reached:
+            break
+    assert "node:researcher" in reached and "Answer" in reached, reached
+    node(page, "report").focus()
+    page.keyboard.press("Enter")
+    expect(page.locator(".inspector h3")).to_have_text("report")
+
+    narrow = open_page(f"#/runs/{run_id}", width=420, height=800)
+    expect(node(narrow.page, "researcher")).to_have_class(status_class("waiting"))
+    overflow = narrow.page.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")
+    assert overflow <= 0, f"the page scrolls sideways by {overflow}px at 420px"
+    narrow.screenshot("run-page-narrow", full_page=True)
+    listing = open_page("#/", width=420, height=800)
+    expect(listing.page.locator(f'tr[data-run="{run_id}"]')).to_have_count(1)
+    overflow = listing.page.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")
+    assert overflow <= 0, f"the runs list scrolls sideways by {overflow}px at 420px"
+    for watched in (ui, narrow, listing):
+        watched.assert_clean()
