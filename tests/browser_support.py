@@ -26,6 +26,7 @@ from urllib.parse import urlsplit
 import anyio
 import httpx
 from flowkernel.api import Kernel
+from flowkernel.errors import RunBusyError
 from flowkernel.ids import new_run_id
 from flowkernel.store.open import open_store
 
@@ -173,7 +174,10 @@ class Executor:
         """Go on with a run a reply was delivered to, in the background (what a worker does)."""
 
         async def work(kernel: Kernel) -> None:
-            await kernel.continue_run(run_id)
+            try:
+                await kernel.continue_run(run_id)
+            except RunBusyError:
+                pass  # a worker of the server took it first: it goes on all the same
 
         self._in_thread(work, services)
 

@@ -64,6 +64,9 @@ def test_the_ui_is_served_at_the_root_with_a_policy_that_keeps_it_on_this_server
         missing = http.get("/nothing-here.js")
         assert missing.status_code == 404 and missing.headers["content-type"] == "application/problem+json"
         assert http.get("/api/v1/nothing-here").headers["content-type"] == "application/problem+json"
+        unknown_command = http.post("/api/v1/runs/run_x/rewind", json={})
+        assert unknown_command.status_code == 404, unknown_command.text
+        assert unknown_command.json()["detail"] == "no such endpoint: POST /api/v1/runs/run_x/rewind"
 
 
 def test_a_runs_flow_document_is_served_for_its_graph(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from fastapi import FastAPI
+from starlette.exceptions import HTTPException
 from starlette.responses import Response
 from starlette.staticfiles import StaticFiles
 from starlette.types import Scope
@@ -29,6 +30,9 @@ class UiFiles(StaticFiles):
     new version of flowkernel is picked up at once."""
 
     async def get_response(self, path: str, scope: Scope) -> Response:
+        if path == "api" or path.startswith("api/"):
+            # Not the UI's: an endpoint the API does not have is a 404 problem, whatever the method.
+            raise HTTPException(status_code=404)
         response = await super().get_response(path, scope)
         response.headers["Content-Security-Policy"] = CONTENT_SECURITY_POLICY
         response.headers["X-Content-Type-Options"] = "nosniff"

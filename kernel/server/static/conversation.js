@@ -58,6 +58,7 @@ function onDemand(label, path) {
 export class Agents {
   constructor() {
     this.runs = new Map(); // agent run (node run) id -> entry
+    this.resumed = new Map(); // node run id -> the interrupted node run it continues
     this.list = h("div", { class: "agent-runs" });
     this.empty = h("p", { class: "empty" }, "No agent has run in this run yet.");
     this.element = h("div", { class: "agents" }, this.empty, this.list);
@@ -65,6 +66,7 @@ export class Agents {
 
   /** Follow the run's events: agent runs appear as they start, and open ones reload as they change. */
   add(event) {
+    if (event.type === "node:start" && event.resumedFrom) this.resumed.set(event.runId, event.resumedFrom);
     if (event.type === "agent:start" && event.runId && !this.runs.has(event.runId)) {
       this.register(event);
       return;
@@ -89,7 +91,9 @@ export class Agents {
     const body = h("div", { class: "agent-body" }, h("p", { class: "loading" }, "Loading…"));
     const details = h("details", { class: "agent-run", dataset: { agentRun: event.runId, node: event.nodeId } },
       h("summary", {}, h("strong", {}, event.nodeId), " ", h("code", {}, event.runId), " ",
-        h("span", { class: "model" }, event.model), " ", status, " ", costLabel),
+        h("span", { class: "model" }, event.model), " ", status, " ", costLabel,
+        this.resumed.has(event.runId)
+          ? h("span", { class: "continues" }, " continues ", h("code", {}, this.resumed.get(event.runId))) : null),
       body);
     const entry = { id: event.runId, nodeId: event.nodeId, details, body, status, cost: costLabel, loaded: false,
       timer: null };

@@ -9,10 +9,10 @@
 import { s } from "./dom.js";
 
 const NODE_W = 176;
-const NODE_H = 54;
+const NODE_H = 50;
 const DUMMY_W = 14;
 const GAP_X = 36;
-const GAP_Y = 56;
+const GAP_Y = 44;
 const MARGIN = 16;
 const LOOP_LANE = 26;
 const SWEEPS = 8;
@@ -206,8 +206,9 @@ export class FlowGraph {
     });
     const defs = s("defs");
     for (const kind of ["pending", "fired", "skipped"]) {
-      defs.append(s("marker", { id: `arrow-${kind}`, viewBox: "0 0 10 10", refX: 9, refY: 5, markerWidth: 7,
-        markerHeight: 7, orient: "auto-start-reverse", class: `arrow arrow-${kind}` },
+      // In user space: the arrow keeps its size whatever the edge's stroke width.
+      defs.append(s("marker", { id: `arrow-${kind}`, viewBox: "0 0 10 10", refX: 9, refY: 5, markerWidth: 10,
+        markerHeight: 10, markerUnits: "userSpaceOnUse", orient: "auto-start-reverse", class: `arrow arrow-${kind}` },
       s("path", { d: "M 0 0 L 10 5 L 0 10 z" })));
     }
     this.element.append(defs);

@@ -176,7 +176,8 @@ export class RunPage {
     }
     if (event.seq > this.lastSeq) {
       this.lastSeq = event.seq;
-      this.refreshSoon();
+      // A streamed delta changes no snapshot: re-read the run for every other event.
+      if (!event.type.endsWith(":delta")) this.refreshSoon();
     }
     this.updateSlider();
     if (this.at !== null) this.timeline.markAt(this.at);

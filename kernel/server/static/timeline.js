@@ -129,7 +129,12 @@ export class Timeline {
         break;
       case "node:waiting":
         this.setStatus(g, "waiting");
-        add(this.row(e, "waiting", "waiting for a reply", [h("pre", { class: "value prompt" }, textOf(e.prompt))]));
+        if (e.prompt && typeof e.prompt === "object" && e.prompt.childRunId) {
+          add(this.row(e, "waiting", ["waiting on its child run ", h("a", {
+            href: `#/runs/${encodeURIComponent(e.prompt.childRunId)}` }, e.prompt.childRunId)]));
+        } else {
+          add(this.row(e, "waiting", "waiting for a reply", [h("pre", { class: "value prompt" }, textOf(e.prompt))]));
+        }
         break;
       case "agent:start":
         add(this.row(e, "agent", `agent on ${e.model}`, [disclosure("prompt", e.prompt)]));
