@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import flowkernel.examples.research_tools  # noqa: F401  (registers lookup_fact)
 import pytest
 from flowkernel.api import Kernel
@@ -291,12 +293,16 @@ def test_an_agent_run_from_fixtures_shows_its_conversation_tool_calls_and_answer
     expect(group.locator("pre.agent-text").first).to_have_text("Let me look up the candidates.")
     tools = group.locator("details.tool")
     expect(tools).to_have_count(2)
-    expect(tools.first.locator(".tool-name")).to_have_text("lookup_fact")
-    tools.first.locator("summary").click()
-    expect(tools.first.locator(".tool-part").first).to_contain_text('"topic": "sqlite"')
+    # The two calls of one model turn run concurrently and may finish in either order.
+    sqlite = tools.filter(has_text='"topic": "sqlite"')
+    expect(sqlite).to_have_count(1)
+    expect(sqlite.locator(".tool-name")).to_have_text("lookup_fact")
+    sqlite.locator("summary").click()
+    expect(sqlite.locator(".tool-part").first).to_contain_text('"topic": "sqlite"')
     stored = server.api("GET", f"/runs/{run_id}/tool-calls").json()["items"]
-    expect(tools.first.locator(".tool-part").nth(1)).to_contain_text(str(stored[0]["output"])[:40])
-    expect(tools.first.locator("summary")).to_contain_text(re.compile(r"\d+ ms"))
+    output = next(c["output"] for c in stored if c["input"] == {"topic": "sqlite"})
+    expect(sqlite.locator(".tool-part").nth(1)).to_contain_text(str(output)[:40])
+    expect(sqlite.locator("summary")).to_contain_text(re.compile(r"\d+ ms"))
 
     # The agent's conversation: every stored message and tool call.
     page.get_by_role("tab", name="Agents").click()
@@ -562,4 +568,45 @@ def test_resume_with_a_message_from_the_page(
     expect(page.locator(".actions .outcome")).to_contain_text("resume accepted")
     resumed = page.locator(".timeline li.ev").filter(has_text="resumed: carry on, please")
     expect(resumed).to_have_count(1)
+    ui.assert_clean()
+
+
+class SlowAgent:
+    """A query function (the model-call seam) that streams thinking and text, then holds the call
+    open until the test lets it finish: what a slow model looks like from the page."""
+
+    def __init__(self) -> None:
+        self.gate = threading.Event()
+
+    async def __call__(self, request: dict[str, Any], emit: Callable[[Any], None], ctx: Any) -> dict[str, Any]:
+        from flowkernel.events import AgentTextDelta, AgentThinkingDelta
+
+        emit(AgentThinkingDelta(content="Weighing embedded "))
+        emit(AgentThinkingDelta(content="databases."))
+        emit(AgentTextDelta(content="SQLite, "))
+        while not self.gate.is_set():
+            await anyio.sleep(0.02)
+        emit(AgentTextDelta(content="because one file holds it all."))
+        return {"content": [{"type": "thinking", "thinking": "Weighing embedded databases.", "signature": "sig"},
+                            {"type": "text", "text": "SQLite, because one file holds it all."}],
+                "stopReason": "end_turn", "model": request["model"], "id": "msg_slow",
+                "usage": {"inputTokens": 12, "outputTokens": 9, "cacheCreationInputTokens": 0,
+                          "cacheReadInputTokens": 0}}
+
+
+def test_agent_thinking_and_text_stream_into_the_timeline_while_the_call_runs(
+        open_page: Callable[..., Watched], server: Server, executor: Executor, tmp_path: Path) -> None:
+    flow = {"name": "slow-agent", "nodes": [{"id": "advisor", "type": "claude.agent",
+                                             "input": {"prompt": "Which database?"}}], "edges": []}
+    agent = SlowAgent()
+    run_id = executor.start(write_flow(tmp_path, flow), services={"query_fn": agent})
+    ui = open_page(f"#/runs/{run_id}")
+    page = ui.page
+    group = page.locator('li.noderun[data-node="advisor"]')
+    expect(group.locator("pre.agent-thinking")).to_have_text("Weighing embedded databases.")
+    expect(group.locator("li.streaming pre.agent-text")).to_have_text("SQLite, ")  # mid-call, still streaming
+    agent.gate.set()
+    expect(group.locator("pre.agent-text")).to_have_text("SQLite, because one file holds it all.")
+    expect(group.locator("li.streaming")).to_have_count(0)
+    expect(page.locator(".run-head .badge")).to_have_text("completed")
     ui.assert_clean()
