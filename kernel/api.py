@@ -144,12 +144,14 @@ class Kernel:
 
     def load_flow(self, path: str | Path) -> CompiledFlow:
         """Read and validate a flow file (every problem at once, with JSON paths)."""
-        return load_flow(path, node_types=self.registry.node_types)
+        reg = self.registry
+        return load_flow(path, node_types=reg.node_types, functions=reg.functions, tools=reg.tools)
 
     def compile(self, document: dict[str, Any], source: str = "<flow>", base_dir: Path | None = None,
                 *, trusted: bool = False) -> CompiledFlow:
-        return compile_flow(document, source=source, base_dir=base_dir, node_types=self.registry.node_types,
-                            trusted=trusted)
+        reg = self.registry
+        return compile_flow(document, source=source, base_dir=base_dir, node_types=reg.node_types,
+                            trusted=trusted, functions=reg.functions, tools=reg.tools)
 
     def flow_of(self, run_id: str) -> CompiledFlow:
         record = self.store.get_run(run_id)
@@ -170,13 +172,11 @@ class Kernel:
         schema = flow.inputs_schema
         if schema is None:
             return
-        import jsonschema
+        from flowkernel.jsonschemas import instance_errors
 
-        validator = jsonschema.Draft202012Validator(schema)
-        errors = sorted(validator.iter_errors(value), key=lambda e: list(e.absolute_path))
+        errors = instance_errors(schema, value)
         if errors:
-            problems = [("input" + "".join(f"[{p!r}]" if isinstance(p, int) else f".{p}" for p in err.absolute_path),
-                         err.message) for err in errors]
+            problems = [(f"input{where}", message) for where, message in errors]
             raise RunInputError(f"{flow.source}: run input does not match `inputs`: "
                                 + "; ".join(f"{where}: {message}" for where, message in problems), problems)
 

@@ -208,15 +208,14 @@ def judge_command(flow: CompiledFlow, snap: RunSnapshot, cmd: Command, *, execut
                 return _reject(cmd, f"node run {target} ({node}) is not waiting for a reply; use send")
             content = cmd.content
             if waiting.schema is not None:
-                import jsonschema
+                from flowkernel.jsonschemas import instance_errors
 
                 content = _coerce(content, waiting.schema)
-                try:
-                    jsonschema.validate(content, waiting.schema)
-                except jsonschema.ValidationError as exc:
-                    where = "/".join(str(p) for p in exc.absolute_path) or "the reply"
-                    return _reject(cmd, f"{cmd.kind} does not match the schema of {node}: {where}: {exc.message}",
-                                   invalid=True)
+                errors = instance_errors(waiting.schema, content)
+                if errors:
+                    where, message = errors[0]
+                    return _reject(cmd, f"{cmd.kind} does not match the schema of {node}: "
+                                        f"{where.lstrip('.') or 'the reply'}: {message}", invalid=True)
             return _accept(cmd, content, target)
         return _accept(cmd, target=target)
     if cmd.kind == "pause":

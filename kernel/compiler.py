@@ -1,12 +1,13 @@
 """Validate a flow document and compile it into the graph the scheduler walks.
 
-Every problem is collected (shape, ids, types, edges, gates, cycles, expressions) and reported at
-once, each with its JSON path, before anything runs.
+Every problem is collected (``flowkernel.validation``: shape, ids, types, edges, gates, cycles,
+expressions and the names they read, node inputs) and reported at once, each with its JSON path,
+before anything runs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Container
+from collections.abc import Collection, Container
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,8 +23,6 @@ from flowkernel.expressions import (
     strip_braces,
 )
 from flowkernel.flowfile import canonical_json, flow_hash, read_flow_document
-
-RESERVED_IDS = frozenset({"flow", "state"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,14 +103,18 @@ class CompiledFlow:
         return schema if isinstance(schema, dict) else None
 
 
-def load_flow(path: str | Path, node_types: Container[str]) -> CompiledFlow:
+def load_flow(path: str | Path, node_types: Container[str], *, functions: Collection[str] | None = None,
+              tools: Collection[str] | None = None) -> CompiledFlow:
     """Read, validate and compile a flow file; raises FlowFileError or FlowValidationError.
 
     ``node_types``: the node types runs may use (``Registry.node_types``); a type not in it is an error.
+    ``functions``, ``tools``: the registered names; given, a name a node uses that is not among them is
+    an error too.
     """
     p = Path(path)
     document, _ = read_flow_document(p)
-    return compile_flow(document, source=str(p), base_dir=p.resolve().parent, node_types=node_types)
+    return compile_flow(document, source=str(p), base_dir=p.resolve().parent, node_types=node_types,
+                        functions=functions, tools=tools)
 
 
 def compile_flow(
@@ -121,121 +124,27 @@ def compile_flow(
     base_dir: Path | None = None,
     *,
     trusted: bool = False,
+    functions: Collection[str] | None = None,
+    tools: Collection[str] | None = None,
 ) -> CompiledFlow:
     """Validate ``document`` and compile it; ``node_types`` are the types it may use (a registry's
-    ``node_types``, whose entries may also ``check`` their node's input).
+    ``node_types``, whose entries may also ``check`` their node's input); ``functions`` and ``tools``,
+    when given, the registered names nodes may use.
 
-    ``trusted``: the document was validated before (a stored, content-addressed flow), so the
-    cross-node checks are skipped; resuming a run then does not pay for them (nor import networkx).
+    ``trusted``: the document was validated before (a stored, content-addressed flow), so the checks
+    are skipped; resuming a run then does not pay for them (nor import pydantic or networkx).
     """
-    problems: list[Problem] = []
     if not trusted:
-        from flowkernel.flow import parse_flow  # pydantic: only where a user's file is checked
+        from flowkernel.node import KnownNames
+        from flowkernel.validation import check_document
 
-        try:
-            parse_flow(document, source)
-        except FlowValidationError as exc:
-            problems.extend(exc.problems)
-        if isinstance(document, dict):
-            _check_structure(document, node_types, problems)
-        if problems:
-            raise FlowValidationError(source, _dedupe(problems))
+        known = KnownNames(functions, tools) if functions is not None and tools is not None else None
+        check_document(document, node_types, source, known)
+    problems: list[Problem] = []
     compiled = _compile(document, source, base_dir, problems)
     if problems:
-        raise FlowValidationError(source, _dedupe(problems))
+        raise FlowValidationError(source, problems)
     return compiled
-
-
-def _dedupe(problems: list[Problem]) -> list[Problem]:
-    seen: set[tuple[str, str]] = set()
-    out = []
-    for p in problems:
-        if (p.path, p.message) not in seen:
-            seen.add((p.path, p.message))
-            out.append(p)
-    return out
-
-
-def _dicts(value: Any) -> list[tuple[int, dict[str, Any]]]:
-    return [(i, v) for i, v in enumerate(value) if isinstance(v, dict)] if isinstance(value, list) else []
-
-
-def _check_structure(doc: dict[str, Any], node_types: Container[str], problems: list[Problem]) -> None:
-    """Checks across nodes and edges, on the raw document so they run even when the shape is off."""
-    node_ids: dict[str, int] = {}
-    for i, node in _dicts(doc.get("nodes")):
-        nid = node.get("id")
-        if not isinstance(nid, str):
-            continue
-        path = f"$.nodes[{i}].id"
-        if nid in RESERVED_IDS or nid.startswith("$"):
-            problems.append(Problem(path, f"{nid!r} is reserved; choose another node id"))
-        if nid in node_ids:
-            problems.append(Problem(path, f"duplicate node id {nid!r} (first at $.nodes[{node_ids[nid]}])"))
-        else:
-            node_ids[nid] = i
-        if isinstance(node.get("input"), dict):
-            compile_template(node["input"], f"$.nodes[{i}].input", problems)
-        if node.get("when") is not None:
-            compile_when(node["when"], f"$.nodes[{i}].when", problems)
-        ntype = node.get("type")
-        checker = getattr(node_types.get(ntype), "check", None) if isinstance(node_types, dict) else None
-        if checker is not None and isinstance(node.get("input", {}), dict):
-            checker(node.get("input", {}), f"$.nodes[{i}].input", problems)
-        if isinstance(ntype, str) and ntype not in node_types:
-            known = ", ".join(sorted(node_types)) if isinstance(node_types, (set, frozenset, dict)) else ""
-            hint = f"; known types: {known}" if known else ""
-            problems.append(Problem(f"$.nodes[{i}].type", f"unknown node type {ntype!r}{hint}"))
-
-    import networkx as nx  # only validation needs it; resuming a stored run should not pay the import
-
-    edge_ids: dict[str, int] = {}
-    gates: dict[str, tuple[str, int]] = {}
-    for_each: dict[str, int] = {}
-    graph: Any = nx.DiGraph()
-    graph.add_nodes_from(node_ids)
-    for i, edge in _dicts(doc.get("edges")):
-        src, dst = edge.get("from"), edge.get("to")
-        for key, ref in (("from", src), ("to", dst)):
-            if isinstance(ref, str) and ref not in node_ids:
-                problems.append(Problem(f"$.edges[{i}].{key}", f"no node with id {ref!r}"))
-        eid = edge.get("id") if edge.get("id") is not None else f"{src}->{dst}"
-        if isinstance(eid, str):
-            if eid in edge_ids:
-                problems.append(Problem(f"$.edges[{i}]" + (".id" if edge.get("id") is not None else ""),
-                                        f"duplicate edge id {eid!r} (first at $.edges[{edge_ids[eid]}]); "
-                                        "give one of them an explicit id"))
-            else:
-                edge_ids[eid] = i
-        if edge.get("when") is not None:
-            compile_when(edge["when"], f"$.edges[{i}].when", problems)
-        fe = edge.get("forEach")
-        if isinstance(fe, dict) and isinstance(fe.get("in"), str):
-            compile_expr(strip_braces(fe["in"]), f"$.edges[{i}].forEach.in", problems)
-        gate = edge.get("gate")
-        if isinstance(dst, str) and gate in ("all", "any"):
-            if dst in gates and gates[dst][0] != gate:
-                problems.append(Problem(f"$.edges[{i}].gate",
-                                        f"gate {gate!r} into {dst!r} conflicts with {gates[dst][0]!r} "
-                                        f"at $.edges[{gates[dst][1]}].gate; a gate belongs to the target"))
-            else:
-                gates.setdefault(dst, (gate, i))
-        if isinstance(dst, str) and edge.get("forEach") is not None:
-            if dst in for_each:
-                problems.append(Problem(f"$.edges[{i}].forEach",
-                                        f"{dst!r} already has a forEach edge at $.edges[{for_each[dst]}]"))
-            for_each.setdefault(dst, i)
-            if edge.get("maxIterations") is not None:
-                problems.append(Problem(f"$.edges[{i}]", "a loop edge cannot also be a forEach edge"))
-        if (isinstance(src, str) and isinstance(dst, str) and src in node_ids and dst in node_ids
-                and edge.get("maxIterations") is None):
-            graph.add_edge(src, dst)
-    for component in nx.strongly_connected_components(graph):
-        members = sorted(component, key=lambda n: node_ids[n])
-        if len(members) > 1 or graph.has_edge(members[0], members[0]):
-            cycle = " -> ".join([*members, members[0]])
-            problems.append(Problem("$.edges", f"cycle {cycle} does not pass through a loop edge; "
-                                               "give one of its edges maxIterations"))
 
 
 def _policy(raw: Any) -> PolicySpec:

@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import jsonata
 from flowkernel.errors import ExpressionError, Problem
 
+# What jsonata-python returns for a function value (a builtin, a lambda or a partial application).
+_FUNCTIONS = (jsonata.Jsonata.JFunctionCallable, jsonata.parser.Parser.Symbol)
 _BINDING = re.compile(r"\{\{(.*?)\}\}", re.DOTALL)
 
 
@@ -29,23 +31,38 @@ class Expr:
         # Inputs are plain JSON already (events are JSON round-tripped), so skip the per-call walk.
         self._compiled.set_validate_input(False)
 
+    @property
+    def ast(self) -> Any:
+        """The parsed syntax tree (jsonata-python's), for checks that read the expression at load."""
+        return self._compiled.ast
+
     def evaluate(self, context: Mapping[str, Any], variables: Mapping[str, Any] | None = None) -> Any:
         try:
-            return self._compiled.evaluate(context, dict(variables) if variables else None)
+            value = self._compiled.evaluate(context, dict(variables) if variables else None)
         except Exception as exc:  # jsonata raises bare RuntimeErrors and the odd TypeError
             raise ExpressionError(f"{self.source!r}: {exc}") from None
+        if isinstance(value, _FUNCTIONS):  # no JSON value: it would fail later, far from its cause
+            raise ExpressionError(f"{self.source!r} evaluates to a function, not a value")
+        return value
 
 
-def compile_expr(source: str, path: str, problems: list[Problem]) -> Expr | None:
+# Called with each expression compiled and its JSON path: how validation looks inside bindings.
+ExprCheck = Callable[[Expr, str], None]
+
+
+def compile_expr(source: str, path: str, problems: list[Problem], check: ExprCheck | None = None) -> Expr | None:
     """Compile ``source``; on a syntax error add a problem at ``path`` and return None."""
     if not source.strip():
         problems.append(Problem(path, "empty expression"))
         return None
     try:
-        return Expr(source)
+        expr = Expr(source)
     except Exception as exc:
         problems.append(Problem(path, f"JSONata does not parse: {exc} in {source!r}"))
         return None
+    if check is not None:
+        check(expr, path)
+    return expr
 
 
 def strip_braces(source: str) -> str:
@@ -112,21 +129,21 @@ def is_constant(template: Template) -> bool:
     return isinstance(template, _Const)
 
 
-def compile_template(value: Any, path: str, problems: list[Problem]) -> Template:
+def compile_template(value: Any, path: str, problems: list[Problem], check: ExprCheck | None = None) -> Template:
     """Compile every ``{{ }}`` in a JSON value. A string that is one whole binding keeps its type."""
     if isinstance(value, str):
         if "{{" not in value:
             return _Const(value)
         whole = _BINDING.fullmatch(value.strip())
         if whole and "{{" not in whole.group(1):
-            expr = compile_expr(whole.group(1).strip(), path, problems)
+            expr = compile_expr(whole.group(1).strip(), path, problems, check)
             return _Whole(expr) if expr else _Const(None)
         parts: list[str | Expr] = []
         pos = 0
         for match in _BINDING.finditer(value):
             if match.start() > pos:
                 parts.append(value[pos:match.start()])
-            expr = compile_expr(match.group(1).strip(), path, problems)
+            expr = compile_expr(match.group(1).strip(), path, problems, check)
             if expr:
                 parts.append(expr)
             pos = match.end()
@@ -134,12 +151,12 @@ def compile_template(value: Any, path: str, problems: list[Problem]) -> Template
             parts.append(value[pos:])
         return _Mixed(tuple(parts))
     if isinstance(value, dict):
-        items = tuple((k, compile_template(v, f"{path}.{k}", problems)) for k, v in value.items())
+        items = tuple((k, compile_template(v, f"{path}.{k}", problems, check)) for k, v in value.items())
         if all(isinstance(t, _Const) for _, t in items):
             return _Const(value)
         return _Dict(items)
     if isinstance(value, list):
-        elems = tuple(compile_template(v, f"{path}[{i}]", problems) for i, v in enumerate(value))
+        elems = tuple(compile_template(v, f"{path}[{i}]", problems, check) for i, v in enumerate(value))
         if all(isinstance(t, _Const) for t in elems):
             return _Const(value)
         return _List(elems)
@@ -201,12 +218,12 @@ def truthy(value: Any) -> bool:
     return bool(value)
 
 
-def compile_when(value: Any, path: str, problems: list[Problem]) -> Condition:
+def compile_when(value: Any, path: str, problems: list[Problem], check: ExprCheck | None = None) -> Condition:
     """Compile a ``when`` in the string or the structured form."""
     if value is None:
         return ALWAYS
     if isinstance(value, str):
-        expr = compile_expr(strip_braces(value), path, problems)
+        expr = compile_expr(strip_braces(value), path, problems, check)
         return _Truthy(expr) if expr else ALWAYS
     if isinstance(value, dict) and len(value) == 1:
         (key, arg), = value.items()
@@ -214,15 +231,15 @@ def compile_when(value: Any, path: str, problems: list[Problem]) -> Condition:
             if not isinstance(arg, dict) or set(arg) != {"var", "value"} or not isinstance(arg["var"], str):
                 problems.append(Problem(f"{path}.equals", 'expected {"var": "<path>", "value": <any>}'))
                 return ALWAYS
-            expr = compile_expr(strip_braces(arg["var"]), f"{path}.equals.var", problems)
+            expr = compile_expr(strip_braces(arg["var"]), f"{path}.equals.var", problems, check)
             return _Equals(expr, arg["value"]) if expr else ALWAYS
         if key == "not":
-            return _Not(compile_when(arg, f"{path}.not", problems))
+            return _Not(compile_when(arg, f"{path}.not", problems, check))
         if key in ("and", "or"):
             if not isinstance(arg, list):
                 problems.append(Problem(f"{path}.{key}", "expected a list of conditions"))
                 return ALWAYS
-            parts = tuple(compile_when(v, f"{path}.{key}[{i}]", problems) for i, v in enumerate(arg))
+            parts = tuple(compile_when(v, f"{path}.{key}[{i}]", problems, check) for i, v in enumerate(arg))
             return _All(parts) if key == "and" else _Any(parts)
     problems.append(Problem(path, "a when is a JSONata string or one of equals / not / and / or"))
     return ALWAYS

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from flowkernel.errors import FlowValidationError, Problem
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema
 
 _WHEN_SCHEMA: dict[str, Any] = {
     "description": "A JSONata string, or the structured form equals / not / and / or.",
@@ -28,8 +28,20 @@ _WHEN_SCHEMA: dict[str, Any] = {
 When = Annotated[Any, WithJsonSchema({"x-when": True})]
 
 
+def _version(value: Any) -> Any:
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise ValueError("must be an integer or a string")
+    return value
+
+
+# Not a union: pydantic would report a bad value once per member, at paths such as `version.int`.
+Version = Annotated[Any, AfterValidator(_version), WithJsonSchema({"type": ["integer", "string"]})]
+
+
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+    # strict: the compiler reads the document as written, so "3" must not pass as an integer nor
+    # "false" as a boolean (lax mode accepts both, and `bool("false")` is True).
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True, strict=True)
 
 
 class RetryPolicy(_Model):
@@ -58,7 +70,7 @@ class ForEach(_Model):
 
 
 class Edge(_Model):
-    id: str | None = None
+    id: str | None = Field(None, min_length=1, description="Default: \"from->to\".")
     from_: str = Field(alias="from")
     to: str
     when: When | None = None
@@ -79,12 +91,11 @@ class StateSpec(_Model):
 class Flow(_Model):
     """A flow file: nodes, edges, the input schema and the initial state."""
 
-    model_config = ConfigDict(
-        extra="forbid", populate_by_name=True, frozen=True,
-    )
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True, strict=True)
 
+    schema_ref: str | None = Field(None, alias="$schema", description="For editors; ignored by the kernel.")
     name: str = Field(min_length=1)
-    version: int | str | None = None
+    version: Version | None = None
     description: str | None = None
     inputs: dict[str, Any] | None = Field(None, description="JSON Schema the run input must satisfy.")
     state: StateSpec = Field(default_factory=lambda: StateSpec())
@@ -126,6 +137,62 @@ def _alias(name: str) -> str:
     return {"from_": "from", "in_": "in", "as_": "as", "schema_": "schema"}.get(name, name)
 
 
+# Keys that belong elsewhere: a hint beats a bare "unknown key".
+_MISPLACED: dict[str, dict[str, str]] = {
+    "nodes": {
+        "forEach": "forEach belongs on an edge: put it on the edge into this node, "
+                   '{"from": ..., "to": "<this node>", "forEach": {"in": ..., "as": ...}}',
+        "gate": 'gate belongs on the edges into this node: {"from": ..., "to": "<this node>", "gate": "any"}',
+        "maxIterations": "maxIterations belongs on an edge: it makes that edge a loop edge",
+        "retry": 'retry belongs in policy: "policy": {"retry": {...}}',
+        "timeoutMs": 'timeoutMs belongs in policy: "policy": {"timeoutMs": ...}',
+        "continueOnError": 'continueOnError belongs in policy: "policy": {"continueOnError": true}',
+    },
+    "edges": {
+        "input": "input belongs on a node; an edge has id, from, to, when, gate, forEach and maxIterations",
+        "policy": "policy belongs on a node; an edge has id, from, to, when, gate, forEach and maxIterations",
+        "type": "type belongs on a node; an edge has id, from, to, when, gate, forEach and maxIterations",
+    },
+}
+
+
+def _unknown_key(loc: tuple[int | str, ...], model: type[BaseModel]) -> str:
+    key = loc[-1]
+    if len(loc) == 3 and isinstance(loc[0], str) and isinstance(key, str) and key in _MISPLACED.get(loc[0], {}):
+        return _MISPLACED[str(loc[0])][key]
+    import difflib
+
+    known = [f.alias or name for name, f in model.model_fields.items()]
+    close = difflib.get_close_matches(str(key), known, n=1)
+    return f"unknown key; did you mean {close[0]!r}?" if close else f"unknown key; known keys: {', '.join(known)}"
+
+
+def _model_at(loc: tuple[int | str, ...]) -> type[BaseModel]:
+    """The model whose key ``loc`` names (for the known keys of an unknown-key error)."""
+    model: type[BaseModel] = Flow
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue
+        field = next((f for n, f in model.model_fields.items() if part in (n, f.alias)), None)
+        inner = _model_of(field.annotation) if field is not None else None
+        if inner is None:
+            break
+        model = inner
+    return model
+
+
+def _model_of(annotation: Any) -> type[BaseModel] | None:
+    import typing
+
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = _model_of(arg)
+        if found is not None:
+            return found
+    return None
+
+
 def parse_flow(data: Any, source: str) -> Flow:
     """Validate the shape of a flow document; every problem is reported with its JSON path."""
     if not isinstance(data, dict):
@@ -135,8 +202,8 @@ def parse_flow(data: Any, source: str) -> Flow:
     except ValidationError as exc:
         problems = []
         for err in exc.errors():
-            msg = err["msg"]
-            if err["type"] == "extra_forbidden":
-                msg = "unknown key"
-            problems.append(Problem(json_path(tuple(err["loc"])), msg))
+            loc = tuple(err["loc"])
+            msg = (_unknown_key(loc, _model_at(loc)) if err["type"] == "extra_forbidden"
+                   else err["msg"].removeprefix("Value error, "))
+            problems.append(Problem(json_path(loc), msg))
         raise FlowValidationError(source, problems) from None

@@ -5,38 +5,76 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 from flowkernel.errors import FlowFileError
+from flowkernel.localfiles import DEFAULT_MAX_FLOW_BYTES, MAX_FLOW_BYTES_ENV, limit_from_env, read_limited
 
 
-def read_flow_document(path: Path) -> tuple[dict[str, Any], str]:
-    """Read a flow file as a JSON (or YAML) document; returns the document and its text."""
-    if not path.exists():
-        raise FlowFileError(f"{path}: no such flow file")
-    if path.is_dir():
-        raise FlowFileError(f"{path}: is a directory, not a flow file")
+def read_flow_document(path: Path) -> tuple[Any, str]:
+    """Read a flow file as a JSON (or YAML) document; returns the document and its text.
+
+    The file must be a regular file of at most ``FLOWKERNEL_MAX_FLOW_BYTES`` (10 MiB by default). An
+    error names the file, the line and the column, never the offending text: a child flow's load error
+    is recorded in its parent's event log.
+    """
+    limit = limit_from_env(MAX_FLOW_BYTES_ENV, DEFAULT_MAX_FLOW_BYTES)
+    raw = read_limited(path, limit, "flow file", FlowFileError)
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise FlowFileError(f"{path}: cannot read: {exc}") from None
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise FlowFileError(f"{path}: not UTF-8 text (byte {exc.start} cannot be decoded)") from None
     if path.suffix in (".yaml", ".yml"):
-        try:
-            import yaml
-        except ImportError:
-            raise FlowFileError(f"{path}: YAML flows need PyYAML (pip install pyyaml)") from None
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise FlowFileError(f"{path}: not valid YAML: {exc}") from None
-    else:
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise FlowFileError(
-                f"{path}:{exc.lineno}:{exc.colno}: not valid JSON: {exc.msg}") from None
+        return _load_yaml(path, text), text
+    try:
+        data = json.loads(text, parse_constant=_no_constant)
+    except json.JSONDecodeError as exc:
+        raise FlowFileError(f"{path}:{exc.lineno}:{exc.colno}: not valid JSON: {exc.msg}") from None
+    except RecursionError:
+        raise FlowFileError(f"{path}: not a flow: nested too deeply") from None
+    except ValueError as exc:  # NaN / Infinity, or an integer of more digits than Python converts
+        raise FlowFileError(f"{path}: not valid JSON: {exc}") from None
     return data, text
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _load_yaml(path: Path, text: str) -> Any:
+    try:
+        import yaml
+    except ImportError:
+        raise FlowFileError(f"{path}: YAML flows need PyYAML (pip install pyyaml)") from None
+
+    class Loader(yaml.SafeLoader):
+        """No aliases: ``*a`` repeats a value without copying it, so a few lines can stand for a
+        document of billions of nodes once it is written out as JSON."""
+
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            if self.check_event(yaml.AliasEvent):
+                mark = self.peek_event().start_mark  # type: ignore[no-untyped-call]
+                raise yaml.MarkedYAMLError(problem="aliases (*name) are not allowed in a flow file",
+                                           problem_mark=mark)
+            return super().compose_node(parent, index)
+
+    try:
+        return yaml.load(text, Loader=Loader)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
+        raise FlowFileError(f"{path}{where}: not valid YAML: {_without_quotes(exc.problem or exc.context)}") from None
+    except yaml.YAMLError:
+        raise FlowFileError(f"{path}: not valid YAML") from None
+    except RecursionError:
+        raise FlowFileError(f"{path}: not a flow: nested too deeply") from None
+
+
+def _without_quotes(problem: str | None) -> str:
+    # YAML's messages quote the text they choke on; the file's text never goes into an error.
+    return re.sub(r"'[^']*'|\"[^\"]*\"", "…", problem or "malformed")
 
 
 def canonical_json(data: Any) -> str:

@@ -6,6 +6,7 @@ run shell, the compiler or the registry.
 
 from __future__ import annotations
 
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -46,19 +47,40 @@ class NodeType(Protocol):
 
 
 class CheckedNodeType(NodeType, Protocol):
-    """A node type that also checks its (unresolved) input when the flow is loaded."""
+    """A node type that also checks its (unresolved) input when the flow is loaded.
+
+    Optional attributes the compiler also reads (see ``flowkernel.validation``):
+
+    - ``expression_keys``: input keys whose string is a JSONata expression evaluated over the binding
+      context (``transform``'s ``expr``), checked like a binding;
+    - ``check_names(raw_input, path, known, problems)``: check the names of registered things the input
+      gives (``known.functions``, ``known.tools``), called when the caller knows them.
+    """
 
     def check(self, raw_input: dict[str, Any], path: str, problems: list[Problem]) -> None: ...
 
 
-def check_json_schema(schema: Any, path: str, problems: list[Problem]) -> None:
-    """For node types' ``check``: add a problem at ``path`` unless ``schema`` is a valid JSON Schema object."""
-    if not isinstance(schema, dict):
-        problems.append(Problem(path, "must be a JSON Schema object"))
-        return
-    import jsonschema  # only when a flow has a schema: keeps start-up light
+@dataclass(frozen=True, slots=True)
+class KnownNames:
+    """What a flow may name besides its own nodes: registered functions and tools."""
 
-    try:
-        jsonschema.Draft202012Validator.check_schema(schema)
-    except jsonschema.SchemaError as exc:
-        problems.append(Problem(path, f"not a valid JSON Schema: {exc.message}"))
+    functions: Collection[str]
+    tools: Collection[str]
+
+
+def check_json_schema(schema: Any, path: str, problems: list[Problem]) -> None:
+    """For node types' ``check``: add a problem at ``path`` unless ``schema`` is a valid JSON Schema
+    object whose references all resolve within it (nothing is ever fetched)."""
+    from flowkernel.jsonschemas import check_schema
+
+    check_schema(schema, path, problems)
+
+
+def unknown_name(kind: str, name: str, known: Iterable[str]) -> str:
+    """``unknown python function 'x'; did you mean 'y'? (known: …)`` for ``check_names``."""
+    import difflib
+
+    names = sorted(known)
+    close = difflib.get_close_matches(name, names, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return f"unknown {kind} {name!r}{hint} (known: {', '.join(names) or 'none registered'})"

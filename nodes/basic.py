@@ -33,12 +33,11 @@ class TransformNode:
     def __init__(self) -> None:
         self._cache: dict[str, Expr] = {}
 
+    expression_keys = ("expr",)  # the compiler parses and checks it like a binding
+
     def check(self, raw_input: dict[str, Any], path: str, problems: list[Problem]) -> None:
-        expr = raw_input.get("expr")
-        if not isinstance(expr, str):
+        if not isinstance(raw_input.get("expr"), str):
             problems.append(Problem(f"{path}.expr", "transform needs a JSONata string in `expr`"))
-        else:
-            compile_expr(strip_braces(expr), f"{path}.expr", problems)
 
     async def run(self, ctx: NodeContext) -> Any:
         # The expression is the raw text: its bindings are the expression itself, not a value to feed it.

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import anyio
 from flowkernel.context import NodeContext
 from flowkernel.errors import FlowkernelError, NodeFailure, Problem
 from flowkernel.events import NodeStart
+from flowkernel.localfiles import resolve_inside
 from flowkernel.node import INTERRUPTED, WaitFor
 
 if TYPE_CHECKING:
@@ -20,6 +20,9 @@ DEFAULT_MAX_DEPTH = 8
 
 class FlowCallNode:
     """Input ``{"flow": "<path relative to this flow>", "input"?: {...}}``.
+
+    The child flow must be a regular file inside this flow's folder (or a folder the operator allows:
+    ``flowkernel.localfiles``), whether the path is written in the flow or comes from a binding.
 
     The child run records ``parentRunId`` and ``parentNodeRunId``. Pause and abort cascade to it; a
     child waiting for a human makes this node (and so the parent run) wait; when this node runs
@@ -41,8 +44,10 @@ class FlowCallNode:
         target = data.get("flow")
         if not isinstance(target, str):
             raise NodeFailure("flow.call needs a `flow` path", "invalid_input")
-        base = ctx.flow.base_dir or Path.cwd()
-        path = (base / target).resolve()
+        try:
+            path = resolve_inside(ctx.flow.base_dir, target, "flow.call")
+        except FlowkernelError as exc:
+            raise NodeFailure(str(exc), "invalid_flow") from None
         chain = self._ancestry(kernel, ctx.flow_run_id)
         limit = int(ctx.services.get("max_flow_depth") or os.environ.get("FLOWKERNEL_MAX_FLOW_DEPTH") or DEFAULT_MAX_DEPTH)
         if len(chain) >= limit:

@@ -8,6 +8,7 @@ from typing import Any
 
 from flowkernel.context import NodeContext
 from flowkernel.errors import NodeFailure, Problem
+from flowkernel.node import KnownNames, unknown_name
 
 
 class PythonNode:
@@ -30,6 +31,13 @@ class PythonNode:
         args = raw_input.get("args")
         if args is not None and not isinstance(args, (dict, str)):
             problems.append(Problem(f"{path}.args", "args must be an object of keyword arguments"))
+
+    def check_names(self, raw_input: dict[str, Any], path: str, known: KnownNames, problems: list[Problem]) -> None:
+        name = raw_input.get("function")
+        if isinstance(name, str) and "{{" not in name and name not in known.functions:
+            problems.append(Problem(f"{path}.function", unknown_name("python function", name, known.functions)
+                                    + "; register it with --plugin MODULE, the flowkernel.functions entry "
+                                    "point or Registry.add_function"))
 
     async def run(self, ctx: NodeContext) -> Any:
         data = ctx.input if isinstance(ctx.input, dict) else {}

@@ -12,6 +12,7 @@ from typing import Any
 
 import anyio
 import pytest
+from flowkernel.errors import FlowValidationError
 from flowkernel.events import (
     AgentComplete,
     AgentError,
@@ -367,7 +368,10 @@ async def test_an_agent_whose_run_was_taken_over_adds_no_row_and_stops_quietly(
 
 
 async def test_unknown_tool_name_fails_with_the_known_tools_listed(tmp_path: Path, fake: FakeAnthropic) -> None:
-    _, snap = await run_agent(tmp_path, fake, prompt="x", tools=["nope"])
+    # A constant name is refused when the flow is loaded; one that a binding gives only when it runs.
+    with pytest.raises(FlowValidationError, match=r"\$\.nodes\[0\]\.input\.tools\[0\]: unknown tool 'nope'"):
+        await run_agent(tmp_path, fake, prompt="x", tools=["nope"])
+    _, snap = await run_agent(tmp_path, fake, prompt="x", tools="{{ ['nope'] }}")
     assert snap.status == "failed" and snap.faults["agent"].errorType == "invalid_input"
     assert "no tool 'nope'" in snap.faults["agent"].message and "ask_human" in snap.faults["agent"].message
     assert fake.request_count == 0

@@ -15,7 +15,8 @@ ROOT = Path(__file__).resolve().parent.parent
 # stores, the CLI or anything that executes runs.
 CORE = {"flowkernel.flow", "flowkernel.flowfile", "flowkernel.compiler", "flowkernel.expressions",
         "flowkernel.reducer", "flowkernel.scheduling", "flowkernel.events", "flowkernel.snapshot",
-        "flowkernel.state_ops", "flowkernel.errors", "flowkernel.ids", "flowkernel.node"}
+        "flowkernel.state_ops", "flowkernel.errors", "flowkernel.ids", "flowkernel.node",
+        "flowkernel.validation", "flowkernel.references", "flowkernel.jsonschemas", "flowkernel.localfiles"}
 
 
 def _modules() -> dict[str, Path]:

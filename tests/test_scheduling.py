@@ -6,7 +6,9 @@ import time
 from typing import Any
 
 import anyio
+import pytest
 from flowkernel.context import NodeContext
+from flowkernel.errors import FlowValidationError
 from flowkernel.events import (
     EdgeFire,
     FlowComplete,
@@ -259,7 +261,10 @@ def test_state_set_ops_emit_state_patches() -> None:
 
 
 def test_python_function_must_be_registered() -> None:
-    _, snap, _ = run_flow(flow([py("p", "os.system")]))
+    with pytest.raises(FlowValidationError, match=r"\$\.nodes\[0\]\.input\.function: unknown python function 'os.system'"):
+        run_flow(flow([py("p", "os.system")]))
+    # A name that a binding gives is only known at run time: the node fails then.
+    _, snap, _ = run_flow(flow([py("p", "{{ 'os.' & 'system' }}")]))
     assert snap.status == "failed"
     assert "no python function 'os.system'" in (snap.error or "")
 

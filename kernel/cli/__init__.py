@@ -40,6 +40,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action=_Version, help="print flowkernel's version and exit")
     p.add_argument("--plugin", action="append", default=[], metavar="MODULE",
                    help="import a module that registers functions, tools or node types (repeatable)")
+    p.add_argument("--allow-dir", action="append", default=[], metavar="DIR",
+                   help="a folder flows may read child flows and fixtures from besides their own "
+                        "(repeatable; also FLOWKERNEL_ALLOW_DIRS, separated by the OS path separator)")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     for group in GROUPS:
         group.add_parsers(sub)
@@ -57,6 +60,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from flowkernel.registry import default_registry, load_plugins
 
+        if args.allow_dir:  # through the environment: every kernel of this process reads it
+            from flowkernel.localfiles import ALLOW_DIRS_ENV
+
+            os.environ[ALLOW_DIRS_ENV] = os.pathsep.join(
+                [*args.allow_dir, *filter(None, os.environ.get(ALLOW_DIRS_ENV, "").split(os.pathsep))])
         plugins = [*args.plugin, *getattr(args, "command_plugins", ())]  # before the command or after it
         if plugins and os.getcwd() not in sys.path:
             sys.path.insert(0, os.getcwd())  # like `python -m`: a project's own plugin modules import

@@ -31,7 +31,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from flowkernel.compiler import load_flow
     from flowkernel.registry import default_registry
 
-    flow = load_flow(args.flow, node_types=default_registry().node_types)
+    reg = default_registry()
+    flow = load_flow(args.flow, node_types=reg.node_types, functions=reg.functions, tools=reg.tools)
     print(f"{args.flow}: ok — flow {flow.name!r}, {len(flow.nodes)} nodes, {len(flow.edges)} edges")
     return EXIT_OK
 
@@ -51,7 +52,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from flowkernel.registry import default_registry
 
     # Everything about the input is checked before the store is touched.
-    flow = load_flow(args.flow, node_types=default_registry().node_types)
+    reg = default_registry()
+    flow = load_flow(args.flow, node_types=reg.node_types, functions=reg.functions, tools=reg.tools)
     value = parse_inputs(flow, args.input, args.input_json)
     from flowkernel.api import Kernel
 

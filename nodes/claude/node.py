@@ -26,11 +26,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
-import jsonschema
 from flowkernel.context import NodeContext
 from flowkernel.errors import NodeFailure, Problem
 from flowkernel.events import USAGE_KEYS, AgentComplete, AgentError, AgentStart, AgentTool, AgentUsage
-from flowkernel.node import INTERRUPTED, Interrupted, WaitFor
+from flowkernel.jsonschemas import instance_errors
+from flowkernel.node import INTERRUPTED, Interrupted, KnownNames, WaitFor, unknown_name
 from flowkernel.nodes.claude import spans
 from flowkernel.nodes.claude.config import AgentConfig, build_request, check_input, parse_config
 from flowkernel.nodes.claude.pricing import Price, cost_usd, find_price, price_table
@@ -83,9 +83,9 @@ def _schema_problem(text: str, schema: dict[str, Any]) -> tuple[Any, str | None]
         value = _parse_json_answer(text)
     except json.JSONDecodeError as exc:
         return None, f"the answer is not JSON ({exc})"
-    errors = sorted(jsonschema.Draft202012Validator(schema).iter_errors(value), key=lambda e: list(e.absolute_path))
+    errors = instance_errors(schema, value)
     if errors:
-        return value, "; ".join(f"{'/'.join(map(str, e.absolute_path)) or '(root)'}: {e.message}" for e in errors)
+        return value, "; ".join(f"{where.lstrip('.') or '(root)'}: {message}" for where, message in errors)
     return value, None
 
 
@@ -101,6 +101,16 @@ class ClaudeAgentNode:
 
     def check(self, raw_input: dict[str, Any], path: str, problems: list[Problem]) -> None:
         check_input(raw_input, path, problems)
+
+    def check_names(self, raw_input: dict[str, Any], path: str, known: KnownNames, problems: list[Problem]) -> None:
+        tools = raw_input.get("tools")
+        if not isinstance(tools, list):
+            return
+        for i, name in enumerate(tools):
+            if isinstance(name, str) and "{{" not in name and name != ASK_HUMAN and name not in known.tools:
+                problems.append(Problem(f"{path}.tools[{i}]", unknown_name("tool", name, [*known.tools, ASK_HUMAN])
+                                        + "; register it with --plugin MODULE, the flowkernel.tools entry point "
+                                        "or Registry.add_tool"))
 
     def _query_fn(self, ctx: NodeContext) -> QueryFn:
         given = ctx.services.get("query_fn")
