@@ -190,6 +190,10 @@ def test_every_flow_and_node_the_docs_show_loads(docs_module: types.ModuleType) 
             flows += 1
         elif "type" in value and "id" in value:  # one node, shown alone: loads next to the nodes it binds
             bound = set(re.findall(r"\{\{\s*([A-Za-z_][\w]*)\.", json.dumps(value)))
+            expr = value.get("input", {}).get("expr") if isinstance(value.get("input"), dict) else None
+            if isinstance(expr, str):  # a transform's expression reads node outputs without {{ }}
+                bound |= set(re.findall(r"(?<![\w.$'])([A-Za-z_]\w*)\.", expr))
+            bound -= {"flow", "state", value["id"]}
             document = {"name": "snippet", "nodes": [value, *({"id": b, "type": "noop"} for b in bound)]}
         elif "from" in value and "to" in value:  # one edge: between two nodes of the names it uses
             document = {"name": "snippet", "nodes": [{"id": value["from"], "type": "noop"},
