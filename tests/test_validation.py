@@ -228,9 +228,11 @@ def test_a_top_level_schema_key_is_allowed_and_ignored() -> None:
 
 def test_a_thinking_budget_below_the_api_minimum_is_an_error() -> None:
     doc = {"name": "x", "nodes": [{"id": "a", "type": "claude.agent",
-                                   "input": {"prompt": "p", "thinking": {"budgetTokens": 1023}}}]}
+                                   "input": {"prompt": "p", "model": "claude-sonnet-4-6",
+                                             "thinking": {"budgetTokens": 1023}}}]}
     found = problems(doc)
-    assert any(p.startswith("$.nodes[0].input.thinking.budgetTokens: must be at least 1024") for p in found), found
+    assert len(found) == 1 and found[0].startswith("$.nodes[0].input.thinking.budgetTokens: "), found
+    assert "at least 1024" in found[0]
     doc["nodes"][0]["input"]["thinking"] = {"budgetTokens": 1024}  # type: ignore[index]
     compile_flow(doc, TYPES)
 
