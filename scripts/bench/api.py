@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import faulthandler
 import itertools
 import json
 import os
@@ -36,6 +37,8 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent.parent
 PLUGIN = "bench_api_plugin"
 PLUGIN_SOURCE = '''
+import faulthandler
+
 import anyio
 from flowkernel.registry import register_function
 
@@ -134,11 +137,14 @@ async def fan_out(url: str, db: str, env: dict[str, str], clients: int, nodes: i
     flow_path.write_text(json.dumps(chain("bench-fanout", nodes, {"type": "python", "input": {
         "function": "bench.tick", "args": {"ms": tick_ms}}}, first={"type": "python", "input": {
             "function": "bench.wait_go"}})))
-    writer = subprocess.Popen([sys.executable, "-m", "flowkernel", "--plugin", PLUGIN, "run", str(flow_path), "--json",
-                               "--db", db], env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                              cwd=str(flows))
-    assert writer.stdout is not None
-    run_id = json.loads(writer.stdout.readline())["flowRunId"]
+    writer = subprocess.Popen([sys.executable, "-m", "flowkernel", "--plugin", PLUGIN, "run", str(flow_path),
+                               "--db", db], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=str(flows))
+    run_id = ""
+    async with httpx.AsyncClient(base_url=url) as http:
+        while not run_id:
+            found = (await http.get("/api/v1/runs", params={"flow": "bench-fanout"})).json()["items"]
+            run_id = found[0]["runId"] if found else ""
+            await asyncio.sleep(0.05)
     latencies: list[float] = []
     counts: list[int] = []
     readies = [asyncio.Event() for _ in range(clients)]
@@ -158,6 +164,7 @@ async def fan_out(url: str, db: str, env: dict[str, str], clients: int, nodes: i
 
 
 def main() -> None:
+    faulthandler.dump_traceback_later(float(os.environ.get("BENCH_DUMP_S", "0")) or 1e9, exit=True)
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--db", help="a store URL (default: a fresh SQLite file)")
     p.add_argument("--clients", type=int, default=100)
