@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import anyio
 import msgspec
+from flowkernel.agent_runs import AgentRunFold
 from flowkernel.checkpoint import encode_checkpoint, load_checkpoint
 from flowkernel.commands import Command, CommandOutcome, judge_command
 from flowkernel.compiler import CompiledFlow, compile_flow, load_flow
@@ -46,7 +47,7 @@ from flowkernel.reducer import fold, initial_snapshot
 from flowkernel.registry import Registry, default_registry
 from flowkernel.runner import COMMAND_POLL_S, EventListener, RunExecution
 from flowkernel.snapshot import RunSnapshot
-from flowkernel.store.base import EventRow, Lease, RunRecord, Store
+from flowkernel.store.base import AgentRun, EventRow, Lease, RunRecord, Store
 from msgspec.structs import replace
 
 if TYPE_CHECKING:
@@ -345,6 +346,23 @@ class Kernel:
         return list_tool_calls(self.store, run_id=run_id, flow_run_id=flow_run_id, session_id=session_id,
                                tool_name=tool_name, status=status, after=after, limit=limit, node_id=node_id)
 
+    def agent_run_page(self, *, run_id: str | None = None, status: str | None = None, agent_id: str | None = None,
+                       parent_run_id: str | None = None, before: int | None = None,
+                       limit: int = 50) -> tuple[list[AgentRun], int | None]:
+        """A page of agent runs (node runs of agent nodes), newest first, and the key to pass as
+        ``before`` for the next page (None at the end)."""
+        found = self.store.list_agent_runs(run_id=run_id, status=status, agent_id=agent_id,
+                                           parent_run_id=parent_run_id, before=before, limit=limit + 1)
+        more = len(found) > limit
+        found = found[:limit]
+        return [r for _, r in found], (found[-1][0] if more and found else None)
+
+    def agent_run(self, agent_run_id: str, run_id: str | None = None) -> AgentRun | None:
+        """One agent run by its node run id. A fork copies the node runs of the history it replays,
+        ids and all: without ``run_id``, the one of the run that executed it first."""
+        found = self.store.list_agent_runs(agent_run_id=agent_run_id, run_id=run_id, limit=2**31)
+        return found[-1][1] if found else None
+
     async def follow(self, run_id: str, after: int = 0, poll_s: float = COMMAND_POLL_S) -> AsyncIterator[Event]:
         """Yield the run's events as they are stored (from ``after``), until the run stops running."""
         seq = after
@@ -635,6 +653,7 @@ class Kernel:
         from flowkernel.reducer import apply
 
         flow = self.flow_of(snap.runId)
+        agents = AgentRunFold.for_run(flow, snap, self.store)
         rows: list[EventRow] = []
         for d in drafts:
             d.seq = snap.seq + 1
@@ -642,11 +661,13 @@ class Kernel:
             d.flowRunId = snap.runId
             body = encode(d)
             ev = decode(body)
+            if agents is not None:
+                agents.apply(snap, ev)
             snap, _ = apply(flow, snap, ev)
             rows.append((ev.seq, ev.timestamp, body))
         skeleton, blobs = encode_checkpoint(snap)
         self.store.commit(snap.runId, rows, snap.status, snap.seq, snap.error, skeleton, blobs, lease=lease,
-                          release=release)
+                          release=release, agent_runs=agents.changed() if agents is not None else ())
         return snap
 
     async def _via_store(self, run_id: str, cmd: Command, timeout_s: float) -> CommandOutcome:

@@ -20,6 +20,7 @@ import anyio.lowlevel
 import msgspec
 from anyio.abc import TaskGroup
 from flowkernel import telemetry
+from flowkernel.agent_runs import FOLDED, AgentRunFold
 from flowkernel.checkpoint import encode_checkpoint
 from flowkernel.commands import Command, CommandOutcome, judge_command, refusal
 from flowkernel.compiler import CompiledFlow
@@ -139,6 +140,8 @@ class RunExecution:
         self._lost: LeaseLostError | None = None  # set once another execution has taken the run over
         # Handing the run over (a worker shutting down): no node run starts; ``_draining`` is set then.
         self._draining = False
+        # The run's agent runs still open, kept in the agent_runs table by each commit (flows with agents).
+        self._agents = AgentRunFold.for_run(flow, self.snap, store)
 
     # -- what node contexts use -------------------------------------------------------------
 
@@ -367,6 +370,8 @@ class RunExecution:
                 return self._append(draft)
             raise
         event = draft if _json_already(draft) else decode(body)
+        if self._agents is not None and type(event) in FOLDED:
+            self._agents.apply(snap, event)  # before the reducer, which changes ``snap`` in place
         done = self._patched.pop(id(draft), None) if self._patched else None
         try:
             if done is not None and done[0] is event and done[1] is snap.state:
@@ -508,9 +513,11 @@ class RunExecution:
         taken, self._finished_commands = self._finished_commands, []
         snap = self.snap
         totals = None if snap.usage is self._usage_stored else RunTotals(snap.usage, snap.totalCostUsd)
+        agent_runs = self._agents.changed() if self._agents is not None else ()
         try:
             self.store.commit(snap.runId, rows, snap.status, snap.seq, snap.error, checkpoint, blobs,
-                              lease=self._lease, release=release, taken=taken, totals=totals)
+                              lease=self._lease, release=release, taken=taken, totals=totals,
+                              agent_runs=agent_runs)
             self._usage_stored = snap.usage
             if release:
                 self.lease_released = True

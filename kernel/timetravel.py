@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from flowkernel.agent_runs import fold_agent_runs
 from flowkernel.checkpoint import encode_checkpoint
 from flowkernel.errors import InvalidInputError
 from flowkernel.events import (
@@ -275,7 +276,7 @@ def create_fork(kernel: Kernel, run_id: str, at: int, *, input: dict[str, Any] |
                             error=snap.error, forkedFrom=run_id, forkedAt=at, flowSource=record.flowSource,
                             usage=snap.usage, totalCostUsd=snap.totalCostUsd)
     skeleton, blobs = encode_checkpoint(snap)
-    kernel.store.create_run(fork_record, rows, skeleton, blobs)
+    kernel.store.create_run(fork_record, rows, skeleton, blobs, agent_runs=fold_agent_runs(flow, copied))
     _copy_conversations(kernel, run_id, fork_id, finished, cutoff, {e.runId for e in copied
                                                                     if isinstance(e, AgentStart) and e.runId})
     return fork_id

@@ -584,3 +584,43 @@ def test_a_runs_agent_messages_and_tool_calls_are_paged_and_filtered(live: Live)
         assert_problem(http.get(f"/api/v1/agent-runs/{agent_run}/messages/999999"), 404)
         assert_problem(http.get(f"/api/v1/agent-runs/{agent_run}/tool-calls/999999"), 404)
         assert_problem(http.get(f"/api/v1/agent-runs/{agent_run}/messages/abc"), 400, path="messageId")
+
+
+def test_agent_runs_are_listed_newest_first_with_filters_and_their_detail_has_usage(live: Live) -> None:
+    first = research_run(live)
+    with live.client() as http:
+        page = http.get("/api/v1/agent-runs", params={"limit": 1}).json()
+        seen = page["items"]
+        second = research_run(live)  # two more agent runs, stored between the pages
+        while page["nextCursor"]:
+            page = http.get("/api/v1/agent-runs", params={"limit": 1, "cursor": page["nextCursor"]}).json()
+            seen += page["items"]
+        stored = [r for _, r in live.kernel.store.list_agent_runs(run_id=first)]
+        assert [a["agentRunId"] for a in seen] == [r.agentRunId for r in stored]  # no gap, no repeat, newest first
+        waited, answered = reversed(stored)
+        assert (waited.status, answered.status, answered.resumedFrom) == ("interrupted", "completed",
+                                                                          waited.agentRunId)
+        assert set(seen[0]) == {"agentRunId", "runId", "agentId", "status", "stepCount", "maxSteps", "sessionId",
+                                "resumedFrom", "parentRunId", "createdAt", "completedAt", "durationMs",
+                                "errorMessage", "totalCostUsd"}
+        every = http.get("/api/v1/agent-runs").json()["items"]
+        assert [a["runId"] for a in every] == [second, second, first, first]
+        done = http.get("/api/v1/agent-runs", params={"status": "completed", "runId": second}).json()["items"]
+        assert [a["status"] for a in done] == ["completed"] and done[0]["agentId"] == "researcher"
+        assert http.get("/api/v1/agent-runs", params={"agentId": "nobody"}).json()["items"] == []
+        assert http.get("/api/v1/agent-runs", params={"parentRunId": first}).json()["items"] == []
+
+        detail = http.get(f"/api/v1/agent-runs/{answered.agentRunId}").json()
+        assert {k: detail[k] for k in seen[0]} == next(a for a in seen if a["agentRunId"] == answered.agentRunId)
+        assert detail["summary"] == answered.summary and detail["summary"]
+        assert detail["model"] == answered.model and detail["usage"] == answered.usage
+        assert detail["stepCount"] == answered.stepCount >= 1 and detail["maxSteps"] == 50
+        run = http.get(f"/api/v1/runs/{first}").json()["run"]
+        assert run["totalCostUsd"] == pytest.approx(sum(r.totalCostUsd for r in stored), abs=1e-9)
+
+        assert_problem(http.get("/api/v1/agent-runs/nr_nope"), 404)
+        assert_problem(http.get(f"/api/v1/agent-runs/{answered.agentRunId}", params={"runId": second}), 404)
+        assert_problem(http.get("/api/v1/agent-runs", params={"status": "done"}), 400, path="status")
+        assert_problem(http.get("/api/v1/agent-runs", params={"limit": 0}), 400, path="limit")
+        runs_cursor = http.get("/api/v1/runs", params={"limit": 1}).json()["nextCursor"]
+        assert_problem(http.get("/api/v1/agent-runs", params={"cursor": runs_cursor}), 400, path="cursor")

@@ -11,6 +11,7 @@ from flowkernel.api import Kernel
 from flowkernel.store.memory import MemoryStore
 from flowkernel.store.sql import SCHEMA_VERSION
 from flowkernel.store.sqlite import SqliteStore
+from flowkernel.testing.fake_api import Text, ToolUse, reply
 
 from tests.test_postgres import pg_url  # noqa: F401  (the fixture)
 
@@ -169,3 +170,61 @@ def test_a_version_4_postgres_database_is_migrated_to_version_5(pg_url: str) -> 
     with psycopg.connect(pg_url) as db:
         row = db.execute("SELECT value FROM flowkernel_meta WHERE key = 'schema_version'").fetchone()
         assert row is not None and row[0] == SCHEMA_VERSION
+
+
+def _agent_run_then_version_8(db: Any, fake: Any, kernel_for: Any) -> tuple[str, list[Any]]:
+    """A run with an agent, stored at the current version, then taken back to version 8: its
+    agent-run rows gone (nothing wrote them then) and the unique index of that version back."""
+    from tests.claude_support import agent_flow
+
+    fake.script(reply(ToolUse("ask_human", {"question": "Which?"})), reply(Text("That one.")))
+    kernel = kernel_for()
+    snap = anyio.run(kernel.run, kernel.compile(agent_flow(prompt="Pick", tools=["ask_human"])), {})
+    snap = anyio.run(kernel.reply, snap.runId, snap.waiting["agent"].runId, "the first")
+    assert snap.status == "completed"
+    rows = [r for _, r in kernel.store.list_agent_runs(run_id=snap.runId)]
+    assert [r.status for r in rows] == ["completed", "interrupted"]
+    kernel.close()
+    db.execute("DELETE FROM agent_runs")
+    db.execute("DROP INDEX agent_runs_node_run")
+    db.execute("CREATE UNIQUE INDEX agent_runs_key ON agent_runs (agent_run_id)")
+    return snap.runId, rows
+
+
+def test_a_version_8_database_gets_the_agent_runs_of_its_logs(tmp_path: Path) -> None:
+    from flowkernel.testing.fake_api import FakeAnthropic
+
+    from tests.claude_support import make_kernel
+
+    with FakeAnthropic() as fake:
+        db = sqlite3.connect(tmp_path / "runs.db", isolation_level=None)
+        run_id, rows = _agent_run_then_version_8(db, fake, lambda: make_kernel(tmp_path, fake))
+        db.execute("PRAGMA user_version = 8")
+        db.close()
+    store = SqliteStore(tmp_path / "runs.db")
+    assert [r for _, r in store.list_agent_runs(run_id=run_id)] == rows
+    store.close()
+    # The conftest audit folds the log again and compares, and the new key takes a fork's copies.
+    check = sqlite3.connect(tmp_path / "runs.db")
+    assert check.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    indexes = {r[1]: r[2] for r in check.execute("PRAGMA index_list(agent_runs)")}
+    assert "agent_runs_key" not in indexes and indexes["agent_runs_node_run"] == 1
+    check.close()
+
+
+def test_a_version_8_postgres_database_gets_the_agent_runs_of_its_logs(tmp_path: Path, pg_url: str) -> None:  # noqa: F811
+    import psycopg
+    from flowkernel.nodes.claude.query import AnthropicQuery
+    from flowkernel.store.postgres import PostgresStore
+    from flowkernel.testing.audit import audit_run
+    from flowkernel.testing.fake_api import FakeAnthropic
+
+    with FakeAnthropic() as fake, psycopg.connect(pg_url, autocommit=True) as db:
+        query = AnthropicQuery(base_url=fake.base_url, api_key="test", backoff_s=0.01, max_retries=3)
+        run_id, rows = _agent_run_then_version_8(
+            db, fake, lambda: Kernel(PostgresStore(pg_url), services={"query_fn": query}))
+        db.execute("UPDATE flowkernel_meta SET value = 8 WHERE key = 'schema_version'")
+    store = PostgresStore(pg_url)
+    assert [r for _, r in store.list_agent_runs(run_id=run_id)] == rows
+    audit_run(store, run_id)
+    store.close()

@@ -1,25 +1,32 @@
-"""Agent history (DESIGN §7, §10): the stored messages and tool calls of runs and of agent runs.
+"""Agent runs and their history (DESIGN §7, §10): agent runs, and the stored messages and tool calls
+of runs and of agent runs.
 
 An agent run is one node run of a ``claude.agent`` node: its id is the node run id (``nr_…``), the
-``runId`` of its stored messages and tool calls.
+``runId`` of its stored messages and tool calls (``flowkernel.agent_runs`` says how its row is kept).
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any
 
+import msgspec
 from fastapi import APIRouter, Query, Request, Response
+from flowkernel.agent_runs import STATUSES
 from flowkernel.history import Page
 from flowkernel.server.pagination import DEFAULT_LIMIT, MAX_LIMIT, decode_cursor, encode_cursor
 from flowkernel.server.problems import ApiProblem
 from flowkernel.server.runs import json_response, kernel_of
-from flowkernel.server.views import Message, ToolCall
+from flowkernel.server.views import AgentRun, AgentRunDetail, Message, ToolCall
 from flowkernel.server.views import Page as PageView
 
 router = APIRouter(tags=["agents"])
 
 Limit = Annotated[int, Query(ge=1, le=MAX_LIMIT)]
 ToolStatus = Annotated[str | None, Query(pattern="^(completed|error)$", description="completed | error")]
+AgentStatus = Annotated[str | None, Query(pattern=f"^({'|'.join(STATUSES)})$", description=" | ".join(STATUSES))]
+# The listing's fields; the detail adds model, summary and usage.
+_LISTED = ("agentRunId", "runId", "agentId", "status", "stepCount", "maxSteps", "sessionId", "resumedFrom",
+           "parentRunId", "createdAt", "completedAt", "durationMs", "errorMessage", "totalCostUsd")
 
 
 def message_view(row: dict[str, Any]) -> dict[str, Any]:
@@ -40,11 +47,55 @@ def _page(page: Page, kind: str, view: Any) -> Response:
                           "nextCursor": encode_cursor(kind, page["nextCursor"])})
 
 
-def _known_agent_run(request: Request, agent_run_id: str) -> None:
-    """404 unless some agent message was stored for ``agent_run_id``."""
-    if not kernel_of(request).store.list_agent_messages(run_id=agent_run_id, limit=1):
-        raise ApiProblem(404, f"no agent run {agent_run_id!r}: no agent conversation is stored under that node run id",
-                         kind="unknown-agent-run")
+def agent_run_view(row: Any, *, detail: bool = False) -> dict[str, Any]:
+    full: dict[str, Any] = msgspec.to_builtins(row)
+    view = {k: full[k] for k in _LISTED}
+    view["totalCostUsd"] = round(view["totalCostUsd"], 10)
+    if detail:
+        view.update(model=full["model"], summary=full["summary"], usage=full["usage"])
+    return view
+
+
+def _agent_run_of(request: Request, agent_run_id: str, run_id: str | None) -> str:
+    """The run that holds agent run ``agent_run_id`` (404 if none does)."""
+    found = kernel_of(request).agent_run(agent_run_id, run_id)
+    if found is not None:
+        return found.runId
+    if run_id is None:  # a conversation stored before agent runs were kept
+        rows = kernel_of(request).store.list_agent_messages(run_id=agent_run_id, limit=1)
+        if rows:
+            return str(rows[0]["flowRunId"])
+    raise _unknown(agent_run_id, run_id)
+
+
+def _unknown(agent_run_id: str, run_id: str | None) -> ApiProblem:
+    return ApiProblem(404, f"no agent run {agent_run_id!r}" + (f" in run {run_id}" if run_id else "")
+                      + ": agent runs are the node runs (nr_…) of claude.agent nodes", kind="unknown-agent-run")
+
+
+ForkRun = Annotated[str | None, Query(description="the run whose agent run it is: a fork shares the node run ids "
+                                                  "of the history it copied (default: the run that executed it)")]
+
+
+# -- agent runs -------------------------------------------------------------------------------
+
+@router.get("/agent-runs", response_model=PageView[AgentRun], summary="List agent runs, newest first")
+def list_agent_runs(request: Request, status: AgentStatus = None, agentId: str | None = None,
+                    runId: str | None = None, parentRunId: str | None = None, limit: Limit = DEFAULT_LIMIT,
+                    cursor: str | None = None) -> Response:
+    rows, last = kernel_of(request).agent_run_page(run_id=runId, status=status, agent_id=agentId,
+                                                   parent_run_id=parentRunId,
+                                                   before=decode_cursor("agent-runs", cursor), limit=limit)
+    return json_response({"items": [agent_run_view(r) for r in rows], "nextCursor": encode_cursor("agent-runs", last)})
+
+
+@router.get("/agent-runs/{agentRunId}", response_model=AgentRunDetail,
+            summary="One agent run: steps, usage, cost, final text")
+def get_agent_run(request: Request, agentRunId: str, runId: ForkRun = None) -> Response:
+    found = kernel_of(request).agent_run(agentRunId, runId)
+    if found is None:
+        raise _unknown(agentRunId, runId)
+    return json_response(agent_run_view(found, detail=True))
 
 
 # -- a run's agents ---------------------------------------------------------------------------
@@ -74,16 +125,19 @@ def run_tool_calls(request: Request, runId: str, nodeId: str | None = None, agen
 
 @router.get("/agent-runs/{agentRunId}/messages", response_model=PageView[Message],
             summary="An agent run's messages, ordered by step")
-def agent_messages(request: Request, agentRunId: str, limit: Limit = DEFAULT_LIMIT,
+def agent_messages(request: Request, agentRunId: str, runId: ForkRun = None, limit: Limit = DEFAULT_LIMIT,
                    cursor: str | None = None) -> Response:
-    _known_agent_run(request, agentRunId)
-    page = kernel_of(request).messages(run_id=agentRunId, after=decode_cursor("messages", cursor) or 0, limit=limit)
+    holder = _agent_run_of(request, agentRunId, runId)
+    page = kernel_of(request).messages(run_id=agentRunId, flow_run_id=holder,
+                                       after=decode_cursor("messages", cursor) or 0, limit=limit)
     return _page(page, "messages", message_view)
 
 
 @router.get("/agent-runs/{agentRunId}/messages/{messageId}", response_model=Message, summary="One stored message")
-def agent_message(request: Request, agentRunId: str, messageId: int) -> Response:
-    rows = kernel_of(request).store.list_agent_messages(run_id=agentRunId, after=messageId - 1, limit=1)
+def agent_message(request: Request, agentRunId: str, messageId: int, runId: ForkRun = None) -> Response:
+    holder = _agent_run_of(request, agentRunId, runId)
+    rows = kernel_of(request).store.list_agent_messages(run_id=agentRunId, flow_run_id=holder, after=messageId - 1,
+                                                        limit=1)
     if not rows or rows[0]["id"] != messageId:
         raise ApiProblem(404, f"no message {messageId} in agent run {agentRunId!r}", kind="unknown-message")
     return json_response(message_view(rows[0]))
@@ -91,17 +145,19 @@ def agent_message(request: Request, agentRunId: str, messageId: int) -> Response
 
 @router.get("/agent-runs/{agentRunId}/tool-calls", response_model=PageView[ToolCall],
             summary="An agent run's tool calls")
-def agent_tool_calls(request: Request, agentRunId: str, toolName: str | None = None, status: ToolStatus = None,
-                     limit: Limit = DEFAULT_LIMIT, cursor: str | None = None) -> Response:
-    _known_agent_run(request, agentRunId)
-    page = kernel_of(request).tool_calls(run_id=agentRunId, tool_name=toolName, status=status,
+def agent_tool_calls(request: Request, agentRunId: str, runId: ForkRun = None, toolName: str | None = None,
+                     status: ToolStatus = None, limit: Limit = DEFAULT_LIMIT, cursor: str | None = None) -> Response:
+    holder = _agent_run_of(request, agentRunId, runId)
+    page = kernel_of(request).tool_calls(run_id=agentRunId, flow_run_id=holder, tool_name=toolName, status=status,
                                          after=decode_cursor("tool-calls", cursor) or 0, limit=limit)
     return _page(page, "tool-calls", tool_call_view)
 
 
 @router.get("/agent-runs/{agentRunId}/tool-calls/{toolCallId}", response_model=ToolCall, summary="One tool call")
-def agent_tool_call(request: Request, agentRunId: str, toolCallId: int) -> Response:
-    rows = kernel_of(request).store.list_tool_calls(run_id=agentRunId, after=toolCallId - 1, limit=1)
+def agent_tool_call(request: Request, agentRunId: str, toolCallId: int, runId: ForkRun = None) -> Response:
+    holder = _agent_run_of(request, agentRunId, runId)
+    rows = kernel_of(request).store.list_tool_calls(run_id=agentRunId, flow_run_id=holder, after=toolCallId - 1,
+                                                    limit=1)
     if not rows or rows[0]["id"] != toolCallId:
         raise ApiProblem(404, f"no tool call {toolCallId} in agent run {agentRunId!r}", kind="unknown-tool-call")
     return json_response(tool_call_view(rows[0]))

@@ -124,16 +124,20 @@ class Accepted(BaseModel):
 
 
 class AgentRun(BaseModel):
-    agentRunId: str
+    """One node run of a ``claude.agent`` node."""
+
+    agentRunId: str = Field(description="its node run id (nr_…)")
     runId: str
-    agentId: str
-    status: Literal["running", "waiting", "paused", "completed", "failed", "interrupted"]
-    stepCount: int
-    maxSteps: int | None
+    agentId: str = Field(description="the node id")
+    status: Literal["running", "waiting", "completed", "failed", "interrupted"] = Field(
+        description="interrupted: stopped unfinished (the run paused, failed, was aborted or crashed, a loop "
+                    "reset it); a resume continues its conversation in an agent run whose resumedFrom names it")
+    stepCount: int = Field(description="model calls it made")
+    maxSteps: int | None = Field(description="its maxTurns: the model calls it may make")
     sessionId: str | None
     resumedFrom: str | None
-    parentRunId: str | None
-    createdAt: int
+    parentRunId: str | None = Field(description="the parent of its run (the agents of a flow.call child)")
+    createdAt: int = Field(description="Unix ms")
     completedAt: int | None
     durationMs: int | None
     errorMessage: str | None
@@ -142,7 +146,7 @@ class AgentRun(BaseModel):
 
 class AgentRunDetail(AgentRun):
     model: str | None
-    summary: str | None
+    summary: str | None = Field(description="its final text")
     usage: Usage
 
 

@@ -84,6 +84,31 @@ class WorkerRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
     runs: list[str] = msgspec.field(default_factory=list)
 
 
+class AgentRun(msgspec.Struct, kw_only=True):
+    """One agent run: a node run of a ``claude.agent`` node, as the ``agent_runs`` table holds it
+    (DESIGN §10). A fold of its run's events (``flowkernel.agent_runs``), kept by the run's commits."""
+
+    agentRunId: str  # the node run id
+    runId: str  # the run it belongs to
+    agentId: str  # the node id
+    status: str  # running | waiting | completed | failed | interrupted
+    createdAt: int  # its node:start
+    attempt: int = 1
+    item: int | None = None  # the forEach item it ran
+    stepCount: int = 0  # model calls made by this agent run (each resume gets a fresh ``maxSteps``)
+    maxSteps: int | None = None  # its ``maxTurns``
+    sessionId: str | None = None
+    model: str | None = None
+    resumedFrom: str | None = None  # the agent run whose conversation it continues
+    parentRunId: str | None = None  # the parent of its run (the agents of a flow.call child)
+    completedAt: int | None = None
+    durationMs: int | None = None
+    errorMessage: str | None = None
+    summary: str | None = None  # its final text
+    usage: dict[str, int] = msgspec.field(default_factory=dict)
+    totalCostUsd: float = 0.0
+
+
 class CommandRow(msgspec.Struct, kw_only=True):
     id: int
     runId: str
@@ -111,10 +136,10 @@ class Store(Protocol):
     def get_flow(self, flow_hash: str) -> str: ...
     def create_run(self, record: RunRecord, events: Sequence[EventRow],
                    checkpoint: bytes, blobs: Mapping[str, bytes] | None = None, *,
-                   document: str | None = None) -> None:
+                   document: str | None = None, agent_runs: Sequence[AgentRun] = ()) -> None:
         """Store a new run, its first events and checkpoint in one transaction; with ``document``,
         also the flow (under ``record.flowHash``) unless it is stored already. A ``record`` with a
-        ``leaseOwner`` is created leased to it."""
+        ``leaseOwner`` is created leased to it. ``agent_runs``: those of its events (a fork's)."""
         ...
     def get_run(self, run_id: str) -> RunRecord: ...
     def list_runs(self, status: str | None = None, parent: str | None = None, limit: int = 1000) -> list[RunRecord]: ...
@@ -134,13 +159,14 @@ class Store(Protocol):
                status: str, seq: int, error: str | None, checkpoint: bytes | None,
                blobs: Mapping[str, bytes] | None = None, *, lease: Lease | None = None,
                release: bool = False, taken: Sequence[tuple[int, int]] = (),
-               totals: RunTotals | None = None) -> None:
+               totals: RunTotals | None = None, agent_runs: Sequence[AgentRun] = ()) -> None:
         """Append events and set the run's status, in one transaction.
 
         ``lease``: the commit happens only if that lease still holds the run (else ``LeaseLostError``,
         and nothing is written); ``release`` ends it with this commit. ``taken``: (command id, seq of
         its ``command:received``) pairs marked taken in the same transaction, so a command is never
-        taken twice, whatever the crash point. ``totals``: the run's usage and cost changed."""
+        taken twice, whatever the crash point. ``totals``: the run's usage and cost changed.
+        ``agent_runs``: the run's agent runs these events started or changed."""
         ...
     def read_blobs(self, keys: Iterable[str]) -> dict[str, bytes]: ...
     def read_events(self, run_id: str, after: int = 0, until: int | None = None) -> list[bytes]: ...
@@ -191,6 +217,16 @@ class Store(Protocol):
     def get_trace_context(self, run_id: str) -> str | None: ...
     def set_trace_context(self, run_id: str, trace_context: str) -> None:
         """Keep the first context given for ``run_id``; later ones are ignored."""
+        ...
+
+    # agent runs (DESIGN §10)
+    def list_agent_runs(self, *, run_id: str | None = None, agent_run_id: str | None = None,
+                        status: str | None = None, agent_id: str | None = None, parent_run_id: str | None = None,
+                        open_only: bool = False, before: int | None = None,
+                        limit: int = 50) -> list[tuple[int, AgentRun]]:
+        """Agent runs matching every filter given, newest first, each with its key (the order they
+        were stored in); those with a key below ``before`` when given: keyset pages. ``open_only``:
+        those still running or waiting."""
         ...
 
     # agent conversations (DESIGN §7)

@@ -11,6 +11,7 @@ from flowkernel.errors import LeaseLostError, StoreError, UnknownRunError
 from flowkernel.events import USAGE_KEYS
 from flowkernel.ids import now_ms
 from flowkernel.store.base import (
+    AgentRun,
     Claim,
     CommandRow,
     EventRow,
@@ -40,6 +41,7 @@ class MemoryStore:
         self._traces: dict[str, str] = {}
         self._tool_calls: list[dict[str, Any]] = []
         self._workers: dict[str, WorkerRecord] = {}
+        self._agent_runs: dict[tuple[str, str], tuple[int, AgentRun]] = {}  # (run, node run) -> (key, row)
 
     def put_flow(self, flow_hash: str, name: str, document: str) -> None:
         self._flows.setdefault(flow_hash, document)
@@ -51,7 +53,8 @@ class MemoryStore:
             raise StoreError(f"flow {flow_hash} is not in the store") from None
 
     def create_run(self, record: RunRecord, events: Sequence[EventRow], checkpoint: bytes,
-                   blobs: Mapping[str, bytes] | None = None, *, document: str | None = None) -> None:
+                   blobs: Mapping[str, bytes] | None = None, *, document: str | None = None,
+                   agent_runs: Sequence[AgentRun] = ()) -> None:
         with self._lock:
             if record.runId in self._runs:
                 raise StoreError(f"run {record.runId} already exists")
@@ -63,7 +66,15 @@ class MemoryStore:
             self._runs[record.runId] = replace(record, runNo=next(self._run_nos))
             self._events[record.runId] = [row[2] for row in events]
             self._checkpoints[record.runId] = [(record.seq, checkpoint)] if events else []
+            self._write_agent_runs(agent_runs)
             self._version += 1
+
+    def _write_agent_runs(self, rows: Sequence[AgentRun]) -> None:
+        for r in rows:
+            key = (r.runId, r.agentRunId)
+            found = self._agent_runs.get(key)
+            row = replace(r, usage={k: r.usage.get(k, 0) for k in USAGE_KEYS})
+            self._agent_runs[key] = (found[0] if found else len(self._agent_runs) + 1, row)
 
     def get_run(self, run_id: str) -> RunRecord:
         try:
@@ -108,7 +119,7 @@ class MemoryStore:
     def commit(self, run_id: str, events: Sequence[EventRow], status: str, seq: int, error: str | None,
                checkpoint: bytes | None, blobs: Mapping[str, bytes] | None = None, *, lease: Lease | None = None,
                release: bool = False, taken: Sequence[tuple[int, int]] = (),
-               totals: RunTotals | None = None) -> None:
+               totals: RunTotals | None = None, agent_runs: Sequence[AgentRun] = ()) -> None:
         with self._lock:
             self._check_lease(run_id, lease)
             rec = self.get_run(run_id)
@@ -127,6 +138,7 @@ class MemoryStore:
                 self._checkpoints[run_id] = [(seq, checkpoint)]
             for command_id, received in taken:  # its record is in the log now
                 self._commands[command_id] = (replace(self._commands[command_id][0], body={}), received)
+            self._write_agent_runs(agent_runs)
             self._version += 1
 
     def read_events(self, run_id: str, after: int = 0, until: int | None = None) -> list[bytes]:
@@ -241,6 +253,17 @@ class MemoryStore:
             rec = self.get_run(run_id)
             if rec.leaseOwner != lease.owner or rec.leaseEpoch != lease.epoch:
                 raise LeaseLostError(run_id, rec.leaseOwner)
+
+    def list_agent_runs(self, *, run_id: str | None = None, agent_run_id: str | None = None,
+                        status: str | None = None, agent_id: str | None = None, parent_run_id: str | None = None,
+                        open_only: bool = False, before: int | None = None,
+                        limit: int = 50) -> list[tuple[int, AgentRun]]:
+        rows = [(k, r) for k, r in self._agent_runs.values()
+                if (run_id is None or r.runId == run_id) and (agent_run_id is None or r.agentRunId == agent_run_id)
+                and (status is None or r.status == status) and (agent_id is None or r.agentId == agent_id)
+                and (parent_run_id is None or r.parentRunId == parent_run_id)
+                and (not open_only or r.status in ("running", "waiting")) and (before is None or k < before)]
+        return sorted(rows, key=lambda kr: kr[0], reverse=True)[:limit]
 
     def add_agent_message(self, row: dict[str, Any], *, lease: Lease | None = None) -> int:
         with self._lock:

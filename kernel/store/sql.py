@@ -20,6 +20,7 @@ from flowkernel.errors import LeaseLostError, StoreError, UnknownRunError
 from flowkernel.events import USAGE_KEYS
 from flowkernel.ids import now_ms
 from flowkernel.store.base import (
+    AgentRun,
     Claim,
     CommandRow,
     EventRow,
@@ -30,12 +31,13 @@ from flowkernel.store.base import (
     WorkerRecord,
 )
 
-SCHEMA_VERSION = 8  # 2: content-addressed checkpoint blobs; 3: events keyed by run number and seq;
+SCHEMA_VERSION = 9  # 2: content-addressed checkpoint blobs; 3: events keyed by run number and seq;
 # 4: an event row is its key, its time and its body (the rest was in the body already);
 # 5: a run's usage and cost, idempotency keys, agent runs, indexes for keyset pages;
 # 6: an assistant message keeps the model call that produced it (model, id, stop reason, usage);
 # 7: a run's trace context (run_traces), so every execution of a run is in one trace;
-# 8: the queue and the workers: lease epochs (fencing), pooled runs, maxConcurrentRuns, a workers table
+# 8: the queue and the workers: lease epochs (fencing), pooled runs, maxConcurrentRuns, a workers table;
+# 9: an agent run is keyed by its node run and its run (a fork copies the node runs it replays)
 
 # An event's key is ``run_no * RUN_SPAN + seq``: one integer key, so the log is a single b-tree that
 # grows at its right edge (no secondary index to keep balanced on every commit).
@@ -59,7 +61,7 @@ _V5_INDEXES = [
     "CREATE INDEX IF NOT EXISTS runs_parent_no ON runs (parent_run_id, run_no)",
     "CREATE UNIQUE INDEX IF NOT EXISTS runs_idempotency ON runs (idempotency_key)",
     _AGENT_RUNS,
-    "CREATE UNIQUE INDEX IF NOT EXISTS agent_runs_key ON agent_runs (agent_run_id)",
+    "CREATE UNIQUE INDEX IF NOT EXISTS agent_runs_node_run ON agent_runs (agent_run_id, flow_run_id)",
     "CREATE INDEX IF NOT EXISTS agent_runs_run ON agent_runs (flow_run_id, id)",
     "CREATE INDEX IF NOT EXISTS agent_runs_status ON agent_runs (status, id)",
     "CREATE INDEX IF NOT EXISTS agent_runs_node ON agent_runs (node_id, id)",
@@ -173,6 +175,8 @@ def migrations(*, id: str, key: str, body: str) -> dict[int, list[str]]:
             "ALTER TABLE runs ADD COLUMN pool INTEGER NOT NULL DEFAULT 0",
             "ALTER TABLE runs ADD COLUMN max_runs INTEGER",
         ],
+        # Nothing wrote agent_runs before version 9: the old unique index goes, SCHEMA makes the new one.
+        8: ["DROP INDEX IF EXISTS agent_runs_key"],
     }
 
 
@@ -194,6 +198,9 @@ _RUN_SELECT = (
 _SLOT_TAKEN = ("x.pool = 1 AND (x.status = 'running' OR "
                "(x.status = 'queued' AND x.lease_owner IS NOT NULL AND x.lease_expires_at >= ?))")
 _MESSAGE_COLUMNS = "id, flow_run_id, run_id, node_id, session_id, role, content, step, created_at, model_call"
+_AGENT_RUN_COLUMNS = ("agent_run_id, flow_run_id, node_id, status, created_at, attempt, item, step_count, max_steps, "
+                      "session_id, model, resumed_from, parent_run_id, completed_at, duration_ms, error_message, "
+                      f"summary, {', '.join(_USAGE_COLUMNS)}")
 _TOOL_CALL_COLUMNS = ("id, flow_run_id, run_id, node_id, session_id, message_id, tool_name, tool_use_id, input, "
                       "output, status, duration_ms, step, created_at")
 
@@ -205,6 +212,21 @@ def _record(row: Sequence[Any]) -> RunRecord:
                      flowSource=row[13], leaseOwner=row[14], leaseExpiresAt=row[15], idempotencyKey=row[16],
                      runNo=row[17], usage=_usage(row[18:22]), totalCostUsd=float(row[22]), leaseEpoch=int(row[23]),
                      pooled=bool(row[24]), maxRuns=row[25])
+
+
+def _agent_run_values(r: AgentRun) -> tuple[Any, ...]:
+    """The columns of ``_AGENT_RUN_COLUMNS`` from its third (``node_id``) on."""
+    return (r.agentId, r.status, r.createdAt, r.attempt, r.item, r.stepCount, r.maxSteps, r.sessionId, r.model,
+            r.resumedFrom, r.parentRunId, r.completedAt, r.durationMs, r.errorMessage, r.summary,
+            *(r.usage.get(k, 0) for k in USAGE_KEYS), r.totalCostUsd)
+
+
+def _agent_run(r: Sequence[Any]) -> tuple[int, AgentRun]:
+    return int(r[0]), AgentRun(
+        agentRunId=r[1], runId=r[2], agentId=r[3], status=r[4], createdAt=r[5], attempt=r[6], item=r[7],
+        stepCount=r[8], maxSteps=r[9], sessionId=r[10], model=r[11], resumedFrom=r[12], parentRunId=r[13],
+        completedAt=r[14], durationMs=r[15], errorMessage=r[16], summary=r[17],
+        usage={k: int(v) for k, v in zip(USAGE_KEYS, r[18:22], strict=True)}, totalCostUsd=float(r[22]))
 
 
 def _usage(values: Sequence[Any]) -> dict[str, int]:
@@ -312,6 +334,12 @@ class SqlStore(ABC):
         "tool_use_id, input, output, status, duration_ms, step, created_at) "
         "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id")
 
+    _sql_update_agent_run: ClassVar[str] = (
+        f"UPDATE agent_runs SET {' = ?, '.join(_AGENT_RUN_COLUMNS.split(', ')[2:])} = ? "
+        "WHERE agent_run_id = ? AND flow_run_id = ?")
+    _sql_insert_agent_run: ClassVar[str] = (
+        f"INSERT INTO agent_runs ({_AGENT_RUN_COLUMNS}) VALUES ({', '.join('?' * 22)})")
+
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if cls.param != "?":
@@ -356,6 +384,11 @@ class SqlStore(ABC):
         """Serialise run-number allocation inside ``create_run``'s transaction."""
 
     @abstractmethod
+    def _lock_keys(self, db: Any, table: str) -> None:
+        """Serialise handing out ``table``'s keys inside the inserting transaction, until it commits: a
+        row with a higher key can then never be seen before one with a lower key (keyset pages)."""
+
+    @abstractmethod
     def _bump_changes(self, db: Any) -> None:
         """Called in the transaction that enqueues a command, so that ``change_token`` moves."""
 
@@ -374,7 +407,8 @@ class SqlStore(ABC):
         return str(rows[0][0])
 
     def create_run(self, record: RunRecord, events: Sequence[EventRow], checkpoint: bytes,
-                   blobs: Mapping[str, bytes] | None = None, *, document: str | None = None) -> None:
+                   blobs: Mapping[str, bytes] | None = None, *, document: str | None = None,
+                   agent_runs: Sequence[AgentRun] = ()) -> None:
         with self._tx(self._RUN_EXISTS, record.runId) as db:
             if document is not None:
                 db.execute(self._sql_insert_flow, (record.flowHash, record.flowName, document, now_ms()))
@@ -396,6 +430,35 @@ class SqlStore(ABC):
                 db.execute(self._sql_put_checkpoint, (record.runId, record.seq, self._enc(checkpoint)))
             elif record.status == "queued":
                 self._notify_queue(db)
+            self._write_agent_runs(db, agent_runs)
+
+    def _backfill_agent_runs(self, db: Any) -> None:
+        """Called while migrating a database from before version 9, whose agent runs have no rows yet:
+        fold them from the logs of the runs of flows with an agent node, once."""
+        from flowkernel.agent_runs import AGENT_NODE_TYPES, fold_stored
+
+        p = self.param
+        for flow_hash, document in db.execute("SELECT hash, document FROM flows").fetchall():
+            if not any(f'"{t}"' in document for t in AGENT_NODE_TYPES):
+                continue
+            for (run_no,) in db.execute(f"SELECT run_no FROM runs WHERE flow_hash = {p}", (flow_hash,)).fetchall():
+                if run_no is None:
+                    continue
+                base = int(run_no) * RUN_SPAN
+                bodies = [self._dec(r[0]) for r in db.execute(self._sql_read_events, (base, base + RUN_SPAN - 1))]
+                self._write_agent_runs(db, fold_stored(document, bodies))
+
+    def _write_agent_runs(self, db: Any, rows: Sequence[AgentRun]) -> None:
+        """Update the agent runs that are stored, insert the others (their keys in commit order)."""
+        locked = False
+        for r in rows:
+            values = _agent_run_values(r)
+            if db.execute(self._sql_update_agent_run, (*values, r.agentRunId, r.runId)).rowcount:
+                continue
+            if not locked:
+                self._lock_keys(db, "agent_runs")
+                locked = True
+            db.execute(self._sql_insert_agent_run, (r.agentRunId, r.runId, *values))
 
     def _insert_blobs(self, db: Any, blobs: Mapping[str, bytes] | None) -> None:
         # Content-addressed: a blob that exists already is the same bytes; writing it again changes nothing.
@@ -501,12 +564,14 @@ class SqlStore(ABC):
     def commit(self, run_id: str, events: Sequence[EventRow], status: str, seq: int, error: str | None,
                checkpoint: bytes | None, blobs: Mapping[str, bytes] | None = None, *, lease: Lease | None = None,
                release: bool = False, taken: Sequence[tuple[int, int]] = (),
-               totals: RunTotals | None = None) -> None:
+               totals: RunTotals | None = None, agent_runs: Sequence[AgentRun] = ()) -> None:
         try:
             with self._tx(self._OUT_OF_ORDER, run_id) as db:
                 if lease is not None:
                     self._check_lease(db, run_id, lease)
                 self._insert_events(db, run_id, events)
+                if agent_runs:
+                    self._write_agent_runs(db, agent_runs)
                 if totals is not None:
                     db.execute(self._sql_set_totals, (*(totals.usage.get(k, 0) for k in USAGE_KEYS),
                                                       totals.totalCostUsd, run_id))
@@ -658,6 +723,26 @@ class SqlStore(ABC):
     def set_trace_context(self, run_id: str, trace_context: str) -> None:
         with self._tx() as db:
             db.execute(self._sql_set_trace, (run_id, trace_context))
+
+    # -- agent runs -------------------------------------------------------------------------
+
+    def list_agent_runs(self, *, run_id: str | None = None, agent_run_id: str | None = None,
+                        status: str | None = None, agent_id: str | None = None, parent_run_id: str | None = None,
+                        open_only: bool = False, before: int | None = None,
+                        limit: int = 50) -> list[tuple[int, AgentRun]]:
+        p = self.param
+        sql = f"SELECT id, {_AGENT_RUN_COLUMNS} FROM agent_runs WHERE 1 = 1"
+        params: list[Any] = []
+        for cond, val in (("flow_run_id =", run_id), ("agent_run_id =", agent_run_id), ("status =", status),
+                          ("node_id =", agent_id), ("parent_run_id =", parent_run_id), ("id <", before)):
+            if val is not None:
+                sql += f" AND {cond} {p}"
+                params.append(val)
+        if open_only:
+            sql += " AND status IN ('running', 'waiting')"
+        sql += f" ORDER BY id DESC LIMIT {p}"
+        params.append(limit)
+        return [_agent_run(r) for r in self._query(sql, params)]
 
     # -- agent conversations ----------------------------------------------------------------
 

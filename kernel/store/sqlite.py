@@ -74,10 +74,15 @@ class SqliteStore(SqlStore):
                         db.execute(stmt)
                 for stmt in SCHEMA:
                     db.execute(stmt)
+                if 0 < version < 9:
+                    self._backfill_agent_runs(db)
                 db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     def _lock_run_numbers(self, db: sqlite3.Connection) -> None:
         pass  # BEGIN IMMEDIATE already makes this the only writer
+
+    def _lock_keys(self, db: sqlite3.Connection, table: str) -> None:
+        pass  # likewise: one writer at a time, so keys become visible in the order they are handed out
 
     def _tx(self, conflict: str | None = None, run: str = "") -> _Transaction:
         return _Transaction(self, conflict, run)

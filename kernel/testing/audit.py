@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from flowkernel.agent_runs import fold_agent_runs
 from flowkernel.checkpoint import load_checkpoint
 from flowkernel.compiler import compile_flow
 from flowkernel.events import decode
@@ -46,6 +47,19 @@ def audit_run(store: Store, run_id: str) -> None:
     if _nonzero(record.usage) != _nonzero(whole.usage) or record.totalCostUsd != whole.totalCostUsd:
         raise AssertionError(f"run {run_id}: the run row says usage {record.usage} costing "
                              f"{record.totalCostUsd}, its events add up to {whole.usage} costing {whole.totalCostUsd}")
+    # So are its agent runs: each row the fold of the events of its node run.
+    folded = {r.agentRunId: r for r in fold_agent_runs(flow, [decode(b) for b in store.read_events(run_id)])}
+    kept = {r.agentRunId: r for _, r in store.list_agent_runs(run_id=run_id, limit=2**31)}
+    if folded != kept:
+        lines = [f"  agent run {k}: replayed {_brief(folded.get(k))} != stored {_brief(kept.get(k))}"
+                 for k in sorted(set(folded) | set(kept)) if folded.get(k) != kept.get(k)]
+        raise AssertionError(f"run {run_id}: its agent runs differ from a replay of its events:\n" + "\n".join(lines))
+
+
+def _brief(row: Any) -> str:
+    import msgspec
+
+    return json.dumps(msgspec.to_builtins(row))[:400] if row is not None else "(none)"
 
 
 def _nonzero(usage: dict[str, int]) -> dict[str, int]:
