@@ -758,6 +758,7 @@ class SqlStore(ABC):
         with self._tx() as db:
             if lease is not None:
                 self._check_lease(db, row["flowRunId"], lease)
+            self._lock_keys(db, "agent_messages")
             got = db.execute(
                 self._sql_insert_message,
                 (row["flowRunId"], row["runId"], row["nodeId"], row["sessionId"], row["role"],
@@ -777,6 +778,7 @@ class SqlStore(ABC):
         with self._tx() as db:
             if lease is not None:
                 self._check_lease(db, row["flowRunId"], lease)
+            self._lock_keys(db, "agent_tool_calls")
             got = db.execute(
                 self._sql_insert_tool_call,
                 (row["flowRunId"], row["runId"], row["nodeId"], row["sessionId"], row.get("messageId"),
