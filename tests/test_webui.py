@@ -610,3 +610,83 @@ def test_agent_thinking_and_text_stream_into_the_timeline_while_the_call_runs(
     expect(group.locator("li.streaming")).to_have_count(0)
     expect(page.locator(".run-head .badge")).to_have_text("completed")
     ui.assert_clean()
+
+
+class ScriptedModel:
+    """A query function (the model-call seam) that answers each call with the next scripted message."""
+
+    def __init__(self, *replies: list[dict[str, Any]]) -> None:
+        self.replies = list(replies)
+
+    async def __call__(self, request: dict[str, Any], emit: Callable[[Any], None], ctx: Any) -> dict[str, Any]:
+        content = self.replies.pop(0)
+        stop = "tool_use" if any(b["type"] == "tool_use" for b in content) else "end_turn"
+        return {"content": content, "stopReason": stop, "model": request["model"], "id": f"msg_{len(self.replies)}",
+                "usage": {"inputTokens": 20, "outputTokens": 5, "cacheCreationInputTokens": 0,
+                          "cacheReadInputTokens": 0}}
+
+
+def test_a_failing_tool_call_shows_its_error_in_the_timeline_and_the_conversation(
+        open_page: Callable[..., Watched], server: Server, executor: Executor, tmp_path: Path) -> None:
+    flow = {"name": "tool-fault", "nodes": [{"id": "fixer", "type": "claude.agent",
+                                             "input": {"prompt": "Clean up the disk."}}], "edges": []}
+    model = ScriptedModel(
+        [{"type": "text", "text": "Deleting."},
+         {"type": "tool_use", "id": "toolu_gone", "name": "delete_everything", "input": {"path": "/"}}],
+        [{"type": "text", "text": "That tool is not available; nothing was deleted."}])
+    run_id = executor.run(write_flow(tmp_path, flow), services={"query_fn": model})
+    stored = server.api("GET", f"/runs/{run_id}/tool-calls").json()["items"]
+    assert [c["status"] for c in stored] == ["error"]
+    ui = open_page(f"#/runs/{run_id}")
+    page = ui.page
+    expect(page.locator(".run-head .badge")).to_have_text("completed")
+
+    group = page.locator('li.noderun[data-node="fixer"]')
+    tool = group.locator("details.tool")
+    expect(tool).to_have_count(1)
+    expect(tool).to_have_class(re.compile(r"\bfailed\b"))
+    expect(tool.locator("summary .badge")).to_have_text("error")
+    tool.locator("summary").click()
+    expect(tool.locator(".error-text")).to_contain_text("no tool named 'delete_everything'")
+    expect(tool.locator(".tool-part").first).to_contain_text('"path": "/"')
+    expect(group.locator("li.ev").filter(has_text="error_tool_use")).to_have_count(1)
+
+    page.get_by_role("tab", name="Agents").click()
+    agent = page.locator('details.agent-run[data-node="fixer"]')
+    agent.locator("summary").first.click()
+    row = agent.locator(".tool-calls tbody tr")
+    expect(row).to_have_count(1)
+    expect(row).to_have_class(re.compile(r"\bfailed\b"))
+    expect(row.locator(".badge")).to_have_text("error")
+    expect(agent.locator("li.message").last).to_contain_text("nothing was deleted")
+    ui.assert_clean()
+
+
+def test_a_run_page_links_its_child_runs_and_shows_usage_with_the_childrens_included(
+        open_page: Callable[..., Watched], server: Server, executor: Executor) -> None:
+    parent = executor.run(FLOWS / "subflow.json", {"topic": "durable workflows"},
+                          services={"query_fn": MockQuery(FIXTURES / "subflow")})
+    detail = snapshot(server, parent)
+    child = detail["children"][0]
+    usage = detail["run"]["usage"]
+    assert usage["inputTokens"] > snapshot(server, child["runId"])["run"]["usage"]["inputTokens"] > 0
+    ui = open_page(f"#/runs/{parent}")
+    page = ui.page
+    expect(page.locator(".run-head .badge")).to_have_text("completed")
+    expect(page.locator(".run-meta")).to_contain_text(f"{usage['outputTokens']} out")
+    page.get_by_role("tab", name=re.compile("^Run")).click()
+    facts = page.locator(".facts")
+    expect(facts).to_contain_text(f"input tokens{usage['inputTokens']}")
+    expect(facts).to_contain_text(f"output tokens{usage['outputTokens']}")
+    children = page.locator("table.children tbody tr")
+    expect(children).to_have_count(1)
+    expect(children).to_contain_text(child["flowName"])
+    children.locator(f'a[href="#/runs/{child["runId"]}"]').click()
+
+    # The child's own page: its graph, and the way back to its parent.
+    expect(page).to_have_url(re.compile(rf"#/runs/{child['runId']}$"))
+    expect(page.locator("svg.flow-graph g.node")).to_have_count(len(
+        json.loads((FLOWS / "subflow-writer.json").read_text())["nodes"]))
+    page.locator(".run-meta").get_by_role("link", name=parent).click()
+    expect(page).to_have_url(re.compile(rf"#/runs/{parent}$"))
+    ui.assert_clean()
