@@ -76,27 +76,47 @@ def encode_checkpoint(snapshot: RunSnapshot) -> tuple[bytes, dict[str, bytes]]:
     return _skeleton_encoder.encode(skeleton), packer.blobs
 
 
+def blob_refs(value: Any, out: set[str]) -> None:
+    """Add to ``out`` the keys of the blobs ``value`` (a decoded skeleton or blob) refers to directly."""
+    if isinstance(value, dict):
+        if set(value) == {"$blob"}:
+            out.add(value["$blob"])
+        elif set(value) == {"$chunks", "$tail"}:
+            out.update(value["$chunks"])
+            blob_refs(value["$tail"], out)
+        elif set(value) == {"$lit"}:
+            for v in value["$lit"].values():
+                blob_refs(v, out)
+        else:
+            for v in value.values():
+                blob_refs(v, out)
+    elif isinstance(value, list):
+        for v in value:
+            blob_refs(v, out)
+
+
+def checkpoint_blobs(skeleton: bytes, fetch: Callable[[Iterable[str]], Mapping[str, bytes]]) -> dict[str, bytes]:
+    """Every blob a checkpoint reaches, nested ones included (what an exported run must carry)."""
+    found: dict[str, bytes] = {}
+    data = msgspec.json.decode(skeleton)
+    wanted: set[str] = set()
+    blob_refs(data.get("state"), wanted)
+    blob_refs(data.get("outputs"), wanted)
+    while wanted:
+        got = fetch(sorted(wanted))
+        found.update(got)
+        nested: set[str] = set()
+        for body in got.values():
+            blob_refs(msgspec.json.decode(body), nested)
+        wanted = nested - set(found)
+    return found
+
+
 def decode_checkpoint(skeleton: bytes, fetch: Callable[[Iterable[str]], Mapping[str, bytes]]) -> RunSnapshot:
     """Rebuild a snapshot from its skeleton, fetching the blobs it refers to."""
     data = msgspec.json.decode(skeleton)
     cache: dict[str, Any] = {}
-
-    def refs(value: Any, out: set[str]) -> None:
-        if isinstance(value, dict):
-            if set(value) == {"$blob"}:
-                out.add(value["$blob"])
-            elif set(value) == {"$chunks", "$tail"}:
-                out.update(value["$chunks"])
-                refs(value["$tail"], out)
-            elif set(value) == {"$lit"}:
-                for v in value["$lit"].values():
-                    refs(v, out)
-            else:
-                for v in value.values():
-                    refs(v, out)
-        elif isinstance(value, list):
-            for v in value:
-                refs(v, out)
+    refs = blob_refs
 
     def load(keys: set[str]) -> None:
         while keys:

@@ -1,7 +1,7 @@
 """``flowkernel``: the command line, a thin layer over ``flowkernel.api``.
 
 One module per command group (``flows``, ``inspect``, ``control``, ``timetravel``, ``record``, ``examples``,
-``serve``, ``workers``); ``session`` holds
+``serve``, ``workers``, ``retention``); ``session`` holds
 what they share. Exit codes: 0 completed, 1 failed or error, 2 invalid input, 3 paused or waiting.
 Heavy modules are imported inside the commands so ``flowkernel --help`` stays fast.
 """
@@ -13,12 +13,12 @@ import os
 import sys
 from typing import Any
 
-from flowkernel.cli import control, examples, flows, inspect, record, serve, timetravel, workers
+from flowkernel.cli import control, examples, flows, inspect, record, retention, serve, timetravel, workers
 from flowkernel.cli.session import EXIT_FAILED, EXIT_INVALID, EXIT_OK, EXIT_STOPPED, stdout_closed
 
 __all__ = ["EXIT_FAILED", "EXIT_INVALID", "EXIT_OK", "EXIT_STOPPED", "main"]
 
-GROUPS = (flows, inspect, control, timetravel, record, examples, serve, workers)
+GROUPS = (flows, inspect, control, timetravel, record, examples, serve, workers, retention)
 
 
 class _Version(argparse.Action):

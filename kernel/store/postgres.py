@@ -72,6 +72,7 @@ class PostgresStore(SqlStore):
     _sql_lease_check: ClassVar[str] = SqlStore._sql_lease_check + " FOR SHARE"
     # Workers claiming at once take different runs instead of queueing on one row.
     _claim_lock: ClassVar[str] = " FOR UPDATE SKIP LOCKED"
+    _row_lock: ClassVar[str] = " FOR UPDATE"
 
     def __init__(self, url: str, *, connect_timeout_s: int = 10) -> None:
         self.url = url

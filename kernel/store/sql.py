@@ -30,6 +30,7 @@ from flowkernel.store.base import (
     RunTotals,
     WorkerRecord,
 )
+from flowkernel.store.sql_archive import RUN_SPAN, SqlArchive
 
 SCHEMA_VERSION = 9  # 2: content-addressed checkpoint blobs; 3: events keyed by run number and seq;
 # 4: an event row is its key, its time and its body (the rest was in the body already);
@@ -39,9 +40,6 @@ SCHEMA_VERSION = 9  # 2: content-addressed checkpoint blobs; 3: events keyed by 
 # 8: the queue and the workers: lease epochs (fencing), pooled runs, maxConcurrentRuns, a workers table;
 # 9: an agent run is keyed by its node run and its run (a fork copies the node runs it replays)
 
-# An event's key is ``run_no * RUN_SPAN + seq``: one integer key, so the log is a single b-tree that
-# grows at its right edge (no secondary index to keep balanced on every commit).
-RUN_SPAN = 2**32
 _EVENTS_PER_INSERT = 100  # rows per INSERT statement (300 parameters, far below either driver's limit)
 
 # Version 5: pages of runs are keyed by run number (handed out in commit order, so a run that
@@ -246,7 +244,7 @@ def _tool_call(r: Sequence[Any]) -> dict[str, Any]:
             "step": r[12], "createdAt": r[13]}
 
 
-class SqlStore(ABC):
+class SqlStore(SqlArchive, ABC):
     """The ``Store`` protocol over SQL; subclasses supply the dialect (see the module docstring)."""
 
     location: str
@@ -655,7 +653,7 @@ class SqlStore(ABC):
 
     # -- the queue and the workers ----------------------------------------------------------
 
-    def _notify_queue(self, db: Any) -> None:  # noqa: B027 (a hook: most dialects have nothing to do)
+    def _notify_queue(self, db: Any) -> None:
         """In a transaction that makes a run claimable: wake the workers when it commits (if the
         store can; workers poll otherwise)."""
 
@@ -687,7 +685,7 @@ class SqlStore(ABC):
     #: worker is claiming; SQLite's write transaction is the only writer already.
     _claim_lock: ClassVar[str] = ""
 
-    def _lock_flow(self, db: Any, flow_name: str) -> None:  # noqa: B027 (SQLite: the transaction is the lock)
+    def _lock_flow(self, db: Any, flow_name: str) -> None:
         """Serialise the claims of one flow's runs (maxConcurrentRuns) until the transaction ends."""
 
     def register_worker(self, worker: WorkerRecord) -> None:
