@@ -87,9 +87,11 @@ class Server:
 
 
 @contextmanager
-def serve(db: str, *args: str, token: str | None = None, env: dict[str, str] | None = None) -> Iterator[Server]:
-    """``flowkernel serve --db DB ARGS`` until the block ends (then SIGTERM, as a user stops it)."""
-    port = free_port()
+def serve(db: str, *args: str, token: str | None = None, env: dict[str, str] | None = None,
+          port: int | None = None) -> Iterator[Server]:
+    """``flowkernel serve --db DB ARGS`` until the block ends (then SIGTERM, as a user stops it).
+    ``port``: where a restarted server comes back (default: a port the OS picks free)."""
+    port = port or free_port()
     environment = {**os.environ, "PYTHONPATH": str(ROOT), "NO_COLOR": "1", **(env or {})}
     environment.pop("FLOWKERNEL_API_TOKEN", None)
     if token:

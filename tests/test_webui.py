@@ -19,6 +19,7 @@ import anyio
 import flowkernel.examples.research_tools  # noqa: F401  (registers lookup_fact)
 import pytest
 from flowkernel.api import Kernel
+from flowkernel.commands import Command
 from flowkernel.fixtures import MockQuery
 from flowkernel.store.open import open_store
 
@@ -690,3 +691,56 @@ def test_a_run_page_links_its_child_runs_and_shows_usage_with_the_childrens_incl
     page.locator(".run-meta").get_by_role("link", name=parent).click()
     expect(page).to_have_url(re.compile(rf"#/runs/{parent}$"))
     ui.assert_clean()
+
+
+def test_the_timeline_reconnects_after_the_server_restarts_and_misses_or_repeats_no_event(
+        browser: Any, tmp_path: Path) -> None:
+    db = str(tmp_path / "runs.db")
+    Kernel(open_store(db, create=True)).close()
+    executor = Executor(db)
+    run_id = executor.start(write_flow(tmp_path, LIVE_FLOW))
+    context = browser.new_context(viewport={"width": 1280, "height": 800})
+    try:
+        with serve(db) as first:
+            wait_for(lambda: snapshot(first, run_id)["snapshot"]["nodeStatus"].get("wait") == "running",
+                     what="wait to run")
+            ui = watch(context.new_page(), first.url)
+            ui.goto(f"#/runs/{run_id}")
+            page = ui.page
+            expect(page.locator(".stream-state")).to_have_text("● live")
+            expect(page.locator('li.noderun[data-node="wait"]')).to_have_attribute("data-status", "running")
+            port = int(first.url.rsplit(":", 1)[1])
+        expect(page.locator(".stream-state")).to_have_text("reconnecting…")
+
+        # While no server answers, the run goes on to its end: the page must get all of it later.
+        # (In a thread of its own: Playwright's sync API holds this thread's event loop.)
+        def send() -> None:
+            kernel = Kernel(open_store(db))
+            try:
+                target = kernel.snapshot(run_id).nodeRuns["wait"]
+                outcome = anyio.run(lambda: kernel.command(run_id, Command(kind="send", target=target,
+                                                                           content="while away")))
+                assert outcome.accepted
+            finally:
+                kernel.close()
+
+        sender = threading.Thread(target=send)
+        sender.start()
+        sender.join(30)
+        executor.join()
+
+        with serve(db, port=port):
+            expect(page.locator(".run-head .badge")).to_have_text("completed")
+            expect(page.locator(".stream-state")).to_have_text("finished")
+            seqs = [int(s) for s in page.locator(".timeline li.ev[data-seq]").evaluate_all(
+                "els => els.map(e => e.dataset.seq)")]
+            stored = Kernel(open_store(db))
+            try:
+                last = stored.snapshot(run_id).seq
+            finally:
+                stored.close()
+            assert sorted(seqs) == list(range(1, last + 1))  # every event once, none lost while away
+        # The browser logs the refused connections while the server was down: network, not the page.
+        ui.assert_clean(allowed=("Failed to load resource: net::ERR_",))
+    finally:
+        context.close()
