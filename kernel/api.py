@@ -46,6 +46,7 @@ from flowkernel.ids import new_run_id, now_ms
 from flowkernel.reducer import fold, initial_snapshot
 from flowkernel.registry import Registry, default_registry
 from flowkernel.runner import COMMAND_POLL_S, EventListener, RunExecution
+from flowkernel.settings import RunSettings, check_fixtures, import_plugins
 from flowkernel.snapshot import RunSnapshot
 from flowkernel.store.base import AgentRun, EventRow, Lease, RunRecord, Store
 from msgspec.structs import replace
@@ -130,11 +131,16 @@ class Kernel:
     """One store, one registry, and the runs executing in this process."""
 
     def __init__(self, store: Store | str | None = None, *, registry: Registry | None = None,
-                 services: dict[str, Any] | None = None, lease_ttl_ms: int = LEASE_TTL_MS) -> None:
+                 services: dict[str, Any] | None = None, lease_ttl_ms: int = LEASE_TTL_MS,
+                 settings: RunSettings | None = None) -> None:
+        """``settings``: how this process was told to execute runs (``--fixtures``, ``--plugin``). Runs it
+        creates keep them; runs it continues keep theirs, with these replacing what they set."""
         self.store: Store = store if store is not None and not isinstance(store, str) else open_store(store)
         self.registry = registry or default_registry()
         self.services: dict[str, Any] = dict(services or {})
         self.services.setdefault("kernel", self)
+        self.settings = settings or RunSettings()
+        self._mocks: dict[str, Any] = {}
         self.owner = _owner_id()
         self.lease_ttl_ms = lease_ttl_ms
         self._executing: dict[str, RunExecution] = {}
@@ -201,7 +207,8 @@ class Kernel:
         record = RunRecord(runId=run_id, flowName=flow.name, flowHash=flow.hash, status="queued", seq=0,
                            input=value, createdAt=now, updatedAt=now,
                            flowSource=str(Path(flow.source).resolve()) if flow.base_dir else None,
-                           pooled=True, maxRuns=flow.max_concurrent_runs, idempotencyKey=idempotency_key)
+                           pooled=True, maxRuns=flow.max_concurrent_runs, idempotencyKey=idempotency_key,
+                           settings=self.settings.to_json())
         self.store.create_run(record, [], b"", document=flow.canonical)
         self._flows[flow.hash] = flow
         return run_id
@@ -213,6 +220,8 @@ class Kernel:
         value = {} if input is None else input
         self.check_input(flow, value)
         run_id = run_id or new_run_id()
+        # A child run executes as its parent does.
+        settings = self.store.get_run(parent_run_id).settings if parent_run_id else self.settings.to_json()
         first = _first_event(flow, run_id, value, parent_run_id, parent_node_run_id)
         record = RunRecord(runId=run_id, flowName=flow.name, flowHash=flow.hash, status="running", seq=1,
                            input=value, createdAt=first.event.timestamp, updatedAt=first.event.timestamp,
@@ -220,7 +229,7 @@ class Kernel:
                            flowSource=str(Path(flow.source).resolve()) if flow.base_dir else None,
                            leaseOwner=self.owner if leased else None,
                            leaseExpiresAt=first.event.timestamp + self.lease_ttl_ms if leased else None,
-                           leaseEpoch=1 if leased else 0)
+                           leaseEpoch=1 if leased else 0, settings=settings)
         self.store.create_run(record, [first.row], first.skeleton, first.blobs, document=flow.canonical)
         self._flows[flow.hash] = flow
         return _Created(run_id, first.event, first.snapshot, len(first.skeleton),
@@ -235,12 +244,15 @@ class Kernel:
     async def run(self, flow: CompiledFlow, input: Any = None, *, on_event: EventListener | None = None,
                   run_id: str | None = None) -> RunSnapshot:
         """Create a run and execute it until it stops; returns its final snapshot."""
+        run_id = run_id or new_run_id()
+        services = self._services(run_id, self.settings, new=True)  # checked before anything is stored
         created = self._create(flow, input, run_id=run_id, leased=True)
         if on_event is not None:
             on_event(created.first)
         # Created leased, with the snapshot in hand: nothing to take or load before executing.
         assert created.lease is not None
-        return await self._execute(flow, created.snapshot, [], on_event, created.checkpoint_size, created.lease)
+        return await self._execute(flow, created.snapshot, [], on_event, created.checkpoint_size, created.lease,
+                                   services)
 
     def snapshot(self, run_id: str, at: int | None = None) -> RunSnapshot:
         """The run's snapshot now, or as it was right after event ``at``. A queued run's is the
@@ -394,6 +406,7 @@ class Kernel:
         try:
             flow = self.flow_of(run_id)
             record = self.store.get_run(run_id)
+            services = self._prepare(record)
             if record.status == "queued":
                 if before is not None:  # resume, retry, continue: none applies to a run not started
                     self._refuse_queued(record)
@@ -419,7 +432,7 @@ class Kernel:
         if idle:
             self.store.release_lease(run_id, lease)
             return snap
-        return await self._execute(flow, snap, drafts, on_event, checkpoint_size, lease, on_execution)
+        return await self._execute(flow, snap, drafts, on_event, checkpoint_size, lease, services, on_execution)
 
     @staticmethod
     def _refuse_queued(record: RunRecord) -> None:
@@ -459,13 +472,49 @@ class Kernel:
         finally:
             self.store.release_lease(run_id, lease)
 
+    def _prepare(self, record: RunRecord) -> dict[str, Any]:
+        """The services to execute ``record``'s run with: its settings, with this kernel's replacing what
+        they set (and kept for the run). Raises SettingUnavailableError, before anything is recorded,
+        when the run needs what this process cannot provide."""
+        stored = RunSettings.from_json(record.settings)
+        effective = stored.overridden_by(self.settings)
+        services = self._services(record.runId, effective)
+        if effective != stored:
+            self.store.set_run_settings(record.runId, effective.to_json())
+        return services
+
+    def _services(self, run_id: str, settings: RunSettings, *, new: bool = False) -> dict[str, Any]:
+        import_plugins(run_id, settings)
+        if settings.plugins and self.registry is not default_registry():
+            self._adopt_plugins()
+        if "query_fn" in self.services or settings.fixtures is None:
+            return self.services  # a query function given to the kernel (tests, embedding) wins
+        if not new:  # (a new run's missing directory gets MockQuery's own error: how to record one)
+            check_fixtures(run_id, settings)
+        mock = self._mocks.get(settings.fixtures)
+        if mock is None:
+            from flowkernel.fixtures.mock import MockQuery
+
+            mock = self._mocks[settings.fixtures] = MockQuery(settings.fixtures)
+        return {**self.services, "fixtures": settings.fixtures, "query_fn": mock}
+
+    def _adopt_plugins(self) -> None:
+        """Plugins register in the default registry: give this kernel's own registry what it lacks of it."""
+        default = default_registry()
+        for mine, theirs in ((self.registry.functions, default.functions), (self.registry.tools, default.tools),
+                             (self.registry.node_types, default.node_types)):
+            for name in list(theirs.keys()):
+                if name not in mine:
+                    mine[name] = theirs[name]  # type: ignore[assignment]
+
     async def _execute(self, flow: CompiledFlow, snap: RunSnapshot, drafts: list[BaseEvent],
                        on_event: EventListener | None, checkpoint_size: int, lease: Lease,
+                       services: dict[str, Any],
                        on_execution: Callable[[RunExecution], None] | None = None) -> RunSnapshot:
         """Execute a run whose ``lease`` this kernel holds, from ``snap``; the lease ends when it stops."""
         run_id = snap.runId
         execution = RunExecution(flow=flow, snapshot=snap, store=self.store, registry=self.registry,
-                                 listeners=[on_event] if on_event else [], services=self.services,
+                                 listeners=[on_event] if on_event else [], services=services,
                                  checkpoint_size=checkpoint_size, lease=lease)
         self._executing[run_id] = execution
         if on_execution is not None:
@@ -512,17 +561,41 @@ class Kernel:
         return await self._deliver(run_id, Command(kind="send", target=node_run_id, content=message), on_event)
 
     async def _deliver(self, run_id: str, cmd: Command, on_event: EventListener | None) -> RunSnapshot:
-        await self.command(run_id, cmd)
+        _, snap = await self.deliver(run_id, cmd, on_event=on_event)
+        return snap if snap is not None else self.snapshot(run_id)
+
+    async def deliver(self, run_id: str, cmd: Command, *, on_event: EventListener | None = None,
+                      on_accepted: Callable[[CommandOutcome], None] | None = None,
+                      ) -> tuple[CommandOutcome, RunSnapshot | None]:
+        """Issue a ``send`` or ``reply``; if no process executes the run, continue it here until it stops
+        (a pooled run is handed back to the workers instead).
+
+        Returns the command's outcome and, when this call executed the run, its snapshot then (None
+        when another process or the workers execute it). What the run needs to execute here (its settings) is
+        checked before the command is recorded."""
+        record = self.store.get_run(run_id)
+        if run_id not in self._executing and not self._held(record) and not record.pooled:
+            # Nobody executes the run: this process will. It must be able to before the command counts.
+            self._prepare(record)
+        outcome = await self.command(run_id, cmd)
+        if on_accepted is not None:
+            on_accepted(outcome)
         record = self.store.get_run(run_id)
         if run_id in self._executing or record.leaseOwner is not None:
-            return self.snapshot(run_id)
+            return outcome, None
         if record.pooled:  # the workers execute it: hand it back to them
-            return self.hand_to_pool(run_id, continue_stopped)
-        return await self.continue_run(run_id, on_event=on_event)
+            self.hand_to_pool(run_id, continue_stopped)
+            return outcome, None
+        return outcome, await self.continue_run(run_id, on_event=on_event)
 
     async def continue_run(self, run_id: str, *, on_event: EventListener | None = None) -> RunSnapshot:
         """Execute a stored run that no process is executing (after a reply or send landed in it)."""
         return await self.execute(run_id, on_event=on_event, before=continue_stopped)
+
+    def _held(self, record: RunRecord) -> bool:
+        """Whether a live process holds the run's lease."""
+        owner = record.leaseOwner
+        return owner is not None and (record.leaseExpiresAt or 0) > now_ms() and not owner_dead(owner)
 
     def _acquire(self, run_id: str) -> Lease:
         lease = self.store.acquire_lease(run_id, self.owner, now_ms(), self.lease_ttl_ms)

@@ -129,8 +129,10 @@ class LiveView:
             self._line(self._c(code, "■"), status, f"{self.counts['done']} done, {self.counts['skipped']} skipped{err}")
 
 
-def show_snapshot(record: RunRecord, snap: RunSnapshot, out: TextIO, summary: RunSummary | None = None) -> None:
-    """A readable picture of a run: status, cost, nodes, what it waits for, loops and state."""
+def show_snapshot(record: RunRecord, snap: RunSnapshot, out: TextIO, summary: RunSummary | None = None, *,
+                  again: str = "") -> None:
+    """A readable picture of a run: status, cost, nodes, what it waits for, loops and state. ``again``
+    ends the commands it prints (the store option, so they work as printed)."""
     out.write(f"run      {record.runId}\nflow     {record.flowName}  ({record.flowHash[:19]}…)\n")
     out.write(f"status   {snap.status}" + (f"  error: {snap.error}" if snap.error else "") + "\n")
     out.write(f"events   {snap.seq}\n")
@@ -138,6 +140,11 @@ def show_snapshot(record: RunRecord, snap: RunSnapshot, out: TextIO, summary: Ru
         out.write(f"cost     {cost_line(summary)}\n")
     if record.parentRunId:
         out.write(f"parent   {record.parentRunId} (node run {record.parentNodeRunId})\n")
+    settings = record.settings or {}
+    if settings:  # what every process that continues the run uses (unless told otherwise)
+        parts = [f"--fixtures {settings['fixtures']}"] if settings.get("fixtures") else []
+        parts += [f"--plugin {p}" for p in settings.get("plugins", ())]
+        out.write(f"settings {' '.join(parts)}\n")
     out.write(f"input    {preview(snap.input, 100)}\n\nnodes\n")
     for n, st in snap.nodeStatus.items():
         run = snap.nodeRuns.get(n, "")
@@ -153,7 +160,7 @@ def show_snapshot(record: RunRecord, snap: RunSnapshot, out: TextIO, summary: Ru
     if snap.waiting:
         out.write("\nwaiting for a reply\n")
         for n, w in snap.waiting.items():
-            out.write(f"  {n}: {preview(w.prompt, 80)}\n    flowkernel reply {snap.runId} --to {w.runId} 'YOUR ANSWER'\n")
+            out.write(f"  {n}: {preview(w.prompt, 80)}\n    flowkernel reply {snap.runId} --to {w.runId} 'YOUR ANSWER'{again}\n")
     if snap.loopCounters:
         out.write("\nloops\n")
         for e, count in snap.loopCounters.items():

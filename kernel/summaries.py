@@ -61,7 +61,7 @@ def summary(record: RunRecord, descendants: RunTotals | None = None) -> RunSumma
 
 
 # Fields of the run row that a summary leaves out but a run's detail shows (``show --json``, the API).
-_DETAIL = ("seq", "flowHash", "input", "parentNodeRunId", "forkedFrom", "forkedAt", "idempotencyKey")
+_DETAIL = ("seq", "flowHash", "input", "parentNodeRunId", "forkedFrom", "forkedAt", "idempotencyKey", "settings")
 
 
 def detail_view(record: RunRecord, run: RunSummary) -> dict[str, Any]:

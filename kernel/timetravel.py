@@ -274,7 +274,7 @@ def create_fork(kernel: Kernel, run_id: str, at: int, *, input: dict[str, Any] |
     fork_record = RunRecord(runId=fork_id, flowName=record.flowName, flowHash=record.flowHash, status=snap.status,
                             seq=snap.seq, input=value, createdAt=start.timestamp, updatedAt=start.timestamp,
                             error=snap.error, forkedFrom=run_id, forkedAt=at, flowSource=record.flowSource,
-                            usage=snap.usage, totalCostUsd=snap.totalCostUsd)
+                            usage=snap.usage, totalCostUsd=snap.totalCostUsd, settings=record.settings)
     skeleton, blobs = encode_checkpoint(snap)
     kernel.store.create_run(fork_record, rows, skeleton, blobs, agent_runs=fold_agent_runs(flow, copied))
     _copy_conversations(kernel, run_id, fork_id, finished, cutoff, {e.runId for e in copied

@@ -145,10 +145,11 @@ def test_a_version_4_sqlite_database_is_migrated_to_version_5(tmp_path: Path) ->
     _check_v5(kernel, snaps)
     kernel.close()
     check = sqlite3.connect(db_path)
-    assert check.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    assert check.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 10
     assert check.execute("SELECT count(*) FROM run_traces").fetchone()[0] == 0
     assert check.execute("SELECT count(*) FROM agent_runs").fetchone()[0] == 0
     assert "model_call" in [r[1] for r in check.execute("PRAGMA table_info(agent_messages)")]
+    assert "settings" in [r[1] for r in check.execute("PRAGMA table_info(runs)")]  # version 10
     check.close()
 
 
@@ -170,6 +171,9 @@ def test_a_version_4_postgres_database_is_migrated_to_version_5(pg_url: str) -> 
     with psycopg.connect(pg_url) as db:
         row = db.execute("SELECT value FROM flowkernel_meta WHERE key = 'schema_version'").fetchone()
         assert row is not None and row[0] == SCHEMA_VERSION
+        columns = [r[0] for r in db.execute("SELECT column_name FROM information_schema.columns "
+                                            "WHERE table_name = 'runs' AND table_schema = current_schema()")]
+        assert "settings" in columns  # version 10
 
 
 def _agent_run_then_version_8(db: Any, fake: Any, kernel_for: Any) -> tuple[str, list[Any]]:
@@ -188,6 +192,7 @@ def _agent_run_then_version_8(db: Any, fake: Any, kernel_for: Any) -> tuple[str,
     db.execute("DELETE FROM agent_runs")
     db.execute("DROP INDEX agent_runs_node_run")
     db.execute("CREATE UNIQUE INDEX agent_runs_key ON agent_runs (agent_run_id)")
+    db.execute("ALTER TABLE runs DROP COLUMN settings")  # version 10
     return snap.runId, rows
 
 

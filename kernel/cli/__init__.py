@@ -18,6 +18,8 @@ from flowkernel.cli.session import EXIT_FAILED, EXIT_INVALID, EXIT_OK, EXIT_STOP
 
 __all__ = ["EXIT_FAILED", "EXIT_INVALID", "EXIT_OK", "EXIT_STOPPED", "main"]
 
+# Commands that execute a run in this process: interrupted, the run is left to `resume`.
+CONTINUED = frozenset({"run", "resume", "retry", "reply", "send"})
 GROUPS = (flows, inspect, control, timetravel, record, examples, serve, workers, retention)
 
 
@@ -81,6 +83,13 @@ def main(argv: list[str] | None = None) -> int:
         stdout_closed()
         return EXIT_OK
     except KeyboardInterrupt:
-        print("flowkernel: interrupted; `flowkernel resume RUN` continues the run", file=sys.stderr)
+        run_id = getattr(args, "run", None)
+        if args.command in CONTINUED and run_id:
+            from flowkernel.cli.session import store_option
+
+            print(f"flowkernel: interrupted; continue the run with: flowkernel resume {run_id}{store_option(args)}",
+                  file=sys.stderr)
+        else:
+            print("flowkernel: interrupted", file=sys.stderr)
         return EXIT_FAILED
 

@@ -13,7 +13,6 @@ from flowkernel.cli.session import (
     exit_for,
     opened,
     printer,
-    resume_if_stopped,
     run_async,
 )
 
@@ -58,13 +57,13 @@ def add_parsers(sub: Any) -> None:
 def cmd_resume(args: argparse.Namespace) -> int:
     with opened(args) as kernel:
         snap = run_async(kernel.resume, args.run, args.message, on_event=printer(args))
-        return exit_for(snap, args.run)
+        return exit_for(snap, args.run, args)
 
 
 def cmd_retry(args: argparse.Namespace) -> int:
     with opened(args) as kernel:
         snap = run_async(kernel.retry, args.run, on_event=printer(args))
-        return exit_for(snap, args.run)
+        return exit_for(snap, args.run, args)
 
 
 def _command(args: argparse.Namespace, kind: str) -> int:
@@ -73,21 +72,20 @@ def _command(args: argparse.Namespace, kind: str) -> int:
     with opened(args) as kernel:
         cmd = Command(kind=kind, target=getattr(args, "to", None), content=getattr(args, "text", None),
                       reason=getattr(args, "reason", None))
-        run_async(kernel.command, args.run, cmd)
-        print(f"flowkernel: {kind} accepted by run {args.run}", file=sys.stderr)
-        record = kernel.store.get_run(args.run)
-        if kind in ("reply", "send") and record.leaseOwner is None and record.pooled:
-            kernel.hand_to_pool(args.run, resume_if_stopped)
-            print(f"flowkernel: run {args.run} is the workers' (`flowkernel worker`): one continues it",
-                  file=sys.stderr)
-            return EXIT_OK
-        if kind in ("reply", "send") and record.leaseOwner is None:
-            # Nobody executes the run: continue it here, streaming like `run` does.
-            snap = run_async(kernel.execute, args.run, on_event=printer(args),
-                              before=resume_if_stopped)
-            return exit_for(snap, args.run)
-        return EXIT_OK
 
+        def accepted(_: object) -> None:
+            print(f"flowkernel: {kind} accepted by run {args.run}", file=sys.stderr)
+
+        if kind in ("reply", "send"):
+            # Nobody executes the run? Then it continues here, streaming like `run` does.
+            _, snap = run_async(kernel.deliver, args.run, cmd, on_event=printer(args), on_accepted=accepted)
+            if snap is None and kernel.store.get_run(args.run).pooled:
+                print(f"flowkernel: run {args.run} is the workers' (`flowkernel worker`): one continues it",
+                      file=sys.stderr)
+            return EXIT_OK if snap is None else exit_for(snap, args.run, args)
+        run_async(kernel.command, args.run, cmd)
+        accepted(None)
+        return EXIT_OK
 
 
 def cmd_send(args: argparse.Namespace) -> int:

@@ -73,7 +73,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         else:
             print(run_id)
         return EXIT_OK
+    from flowkernel.ids import new_run_id
+
+    args.run = new_run_id()  # known before it starts, for the message a Ctrl-C prints
     with opened(args, create=True) as kernel:
-        snap = run_async(kernel.run, flow, value, on_event=printer(args))
-        return exit_for(snap, snap.runId)
+        snap = run_async(kernel.run, flow, value, on_event=printer(args), run_id=args.run)
+        return exit_for(snap, snap.runId, args)
 

@@ -6,7 +6,16 @@ import argparse
 import sys
 from typing import TYPE_CHECKING, Any
 
-from flowkernel.cli.session import EXIT_FAILED, EXIT_OK, add_db, add_json, opened, printer, run_async
+from flowkernel.cli.session import (
+    EXIT_FAILED,
+    EXIT_OK,
+    add_db,
+    add_json,
+    opened,
+    printer,
+    run_async,
+    store_option,
+)
 
 if TYPE_CHECKING:
     from flowkernel.api import Kernel
@@ -120,7 +129,7 @@ def cmd_show(args: argparse.Namespace) -> int:
             record = kernel.store.get_run(args.run)
             snap = kernel.snapshot(args.run, at=args.at)
             children = kernel.runs(parent=args.run)
-            show_snapshot(record, snap, sys.stdout, kernel.summary(args.run))
+            show_snapshot(record, snap, sys.stdout, kernel.summary(args.run), again=store_option(args))
             if snap.agentSessions:
                 print("\nagents   (flowkernel show RUN --messages | --tool-calls [--node-run NR])")
                 for node, session in snap.agentSessions.items():

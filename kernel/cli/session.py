@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from flowkernel.api import Kernel
     from flowkernel.events import BaseEvent
+    from flowkernel.settings import RunSettings
     from flowkernel.snapshot import RunSnapshot
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_STOPPED = 0, 1, 2, 3
@@ -40,14 +41,16 @@ def kernel_for(args: argparse.Namespace, *, create: bool = False) -> Kernel:
     from flowkernel.api import Kernel
     from flowkernel.store.open import open_store
 
-    services: dict[str, Any] = {}
-    fixtures = getattr(args, "fixtures", None)
-    if fixtures:
-        from flowkernel.fixtures import MockQuery
+    return Kernel(open_store(args.db, create=create), settings=settings_of(args))
 
-        services["fixtures"] = fixtures
-        services["query_fn"] = MockQuery(fixtures)
-    return Kernel(open_store(args.db, create=create), services=services)
+
+def settings_of(args: argparse.Namespace) -> RunSettings:
+    """What the command line says runs execute with: ``--fixtures`` and the plugin modules it loaded."""
+    from flowkernel.settings import RunSettings
+
+    env = os.environ.get("FLOWKERNEL_PLUGINS", "").split(",")
+    plugins = [*env, *getattr(args, "plugin", ()), *getattr(args, "command_plugins", ())]
+    return RunSettings.of(getattr(args, "fixtures", None), plugins)
 
 
 def printer(args: argparse.Namespace) -> Any:
@@ -79,32 +82,46 @@ def stdout_closed() -> None:
     os.dup2(devnull, sys.stdout.fileno())
 
 
-def exit_for(snap: RunSnapshot, run_id: str) -> int:
+def exit_for(snap: RunSnapshot, run_id: str, args: argparse.Namespace) -> int:
+    """The exit code for a run that stopped, with the command that continues it (copy it as printed)."""
+    again = store_option(args)
     if snap.status == "completed":
         return EXIT_OK
     if snap.status in ("paused", "waiting"):
         if snap.status == "waiting":
             for n, w in snap.waiting.items():
-                print(f"flowkernel: {n} waits for a reply: flowkernel reply {run_id} --to {w.runId} 'ANSWER'",
+                print(f"flowkernel: {n} waits for a reply: flowkernel reply {run_id} --to {w.runId} 'ANSWER'{again}",
                       file=sys.stderr)
         else:
-            print(f"flowkernel: paused; continue with: flowkernel resume {run_id}", file=sys.stderr)
+            print(f"flowkernel: paused; continue with: flowkernel resume {run_id}{again}", file=sys.stderr)
         return EXIT_STOPPED
     if snap.status == "failed":
         print(f"flowkernel: run {run_id} failed: {snap.error}; re-run its failed nodes with: "
-              f"flowkernel retry {run_id}", file=sys.stderr)
+              f"flowkernel retry {run_id}{again}", file=sys.stderr)
     return EXIT_FAILED
+
+
+def store_option(args: argparse.Namespace) -> str:
+    """`` --db URL`` when the command named a store of its own, so a command printed for the user works
+    wherever it is pasted: a SQLite path made absolute, a PostgreSQL URL without its password (libpq
+    then reads it from PGPASSWORD or ~/.pgpass: a hint must not print a secret). Runs remember their
+    fixtures and plugins (flowkernel.settings), so hints need nothing else."""
+    import re
+    import shlex
+    from pathlib import Path
+
+    db = getattr(args, "db", None)
+    if not db or db == "memory":
+        return ""
+    if db.startswith(("postgresql://", "postgres://")):
+        shown = re.sub(r"(://[^:/@?]*):[^@/]*@", r"\1@", db)
+        shown = re.sub(r"([?&])password=[^&]*&?", r"\1", shown).rstrip("?&")
+    else:
+        shown = str(Path(db.removeprefix("sqlite:///")).resolve())
+    return f" --db {shlex.quote(shown)}"
 
 
 def run_async(fn: Any, *a: Any, **kw: Any) -> Any:
     import anyio
 
     return anyio.run(lambda: fn(*a, **kw))
-
-
-
-def resume_if_stopped(snap: RunSnapshot) -> list[BaseEvent]:
-    from flowkernel.api import continue_stopped
-
-    return continue_stopped(snap)
-

@@ -47,6 +47,8 @@ class RunRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
     leaseEpoch: int = 0  # grows with every grant of the lease (fencing: see the module docstring)
     pooled: bool = False  # executed by the worker pool: queued at creation, recovered when orphaned
     maxRuns: int | None = None  # the flow's maxConcurrentRuns when the run was created
+    # How the run executes, wherever it is continued (``flowkernel.settings.RunSettings`` as JSON).
+    settings: dict[str, Any] | None = None
 
 
 class RunTotals(msgspec.Struct, frozen=True):
@@ -152,6 +154,12 @@ class Store(Protocol):
         ...
     def descendant_totals(self, run_ids: Sequence[str]) -> dict[str, RunTotals]:
         """For each run that has child runs: the summed usage and cost of all its descendants."""
+        ...
+    def set_run_settings(self, run_id: str, settings: dict[str, Any] | None) -> None:
+        """Replace the settings the run executes with."""
+        ...
+    def update_run_flow(self, run_id: str, flow_hash: str, name: str, document: str, source: str | None) -> None:
+        """Store the flow ``document`` (unless stored already) and make it the run's flow, from ``source``."""
         ...
 
     # the log

@@ -76,6 +76,16 @@ class MemoryStore:
             row = replace(r, usage={k: r.usage.get(k, 0) for k in USAGE_KEYS})
             self._agent_runs[key] = (found[0] if found else len(self._agent_runs) + 1, row)
 
+    def set_run_settings(self, run_id: str, settings: dict[str, Any] | None) -> None:
+        with self._lock:
+            self._runs[run_id] = replace(self.get_run(run_id), settings=settings)
+
+    def update_run_flow(self, run_id: str, flow_hash: str, name: str, document: str, source: str | None) -> None:
+        with self._lock:
+            record = self.get_run(run_id)
+            self._flows.setdefault(flow_hash, document)
+            self._runs[run_id] = replace(record, flowHash=flow_hash, flowSource=source)
+
     def get_run(self, run_id: str) -> RunRecord:
         try:
             return self._runs[run_id]

@@ -32,13 +32,14 @@ from flowkernel.store.base import (
 )
 from flowkernel.store.sql_archive import RUN_SPAN, SqlArchive
 
-SCHEMA_VERSION = 9  # 2: content-addressed checkpoint blobs; 3: events keyed by run number and seq;
+SCHEMA_VERSION = 10  # 2: content-addressed checkpoint blobs; 3: events keyed by run number and seq;
 # 4: an event row is its key, its time and its body (the rest was in the body already);
 # 5: a run's usage and cost, idempotency keys, agent runs, indexes for keyset pages;
 # 6: an assistant message keeps the model call that produced it (model, id, stop reason, usage);
 # 7: a run's trace context (run_traces), so every execution of a run is in one trace;
 # 8: the queue and the workers: lease epochs (fencing), pooled runs, maxConcurrentRuns, a workers table;
-# 9: an agent run is keyed by its node run and its run (a fork copies the node runs it replays)
+# 9: an agent run is keyed by its node run and its run (a fork copies the node runs it replays);
+# 10: a run keeps the settings it executes with (fixtures directory, plugin modules)
 
 _EVENTS_PER_INSERT = 100  # rows per INSERT statement (300 parameters, far below either driver's limit)
 
@@ -82,7 +83,8 @@ SCHEMA_TEMPLATE = [
         run_no BIGINT, input_tokens BIGINT NOT NULL DEFAULT 0, output_tokens BIGINT NOT NULL DEFAULT 0,
         cache_creation_input_tokens BIGINT NOT NULL DEFAULT 0, cache_read_input_tokens BIGINT NOT NULL DEFAULT 0,
         cost_usd DOUBLE PRECISION NOT NULL DEFAULT 0, idempotency_key TEXT,
-        lease_epoch BIGINT NOT NULL DEFAULT 0, pool INTEGER NOT NULL DEFAULT 0, max_runs INTEGER)""",
+        lease_epoch BIGINT NOT NULL DEFAULT 0, pool INTEGER NOT NULL DEFAULT 0, max_runs INTEGER,
+        settings TEXT)""",
     "CREATE UNIQUE INDEX IF NOT EXISTS runs_run_no ON runs (run_no)",
     "CREATE INDEX IF NOT EXISTS runs_status ON runs (status, created_at)",
     "CREATE INDEX IF NOT EXISTS runs_parent ON runs (parent_run_id)",
@@ -175,6 +177,7 @@ def migrations(*, id: str, key: str, body: str) -> dict[int, list[str]]:
         ],
         # Nothing wrote agent_runs before version 9: the old unique index goes, SCHEMA makes the new one.
         8: ["DROP INDEX IF EXISTS agent_runs_key"],
+        9: ["ALTER TABLE runs ADD COLUMN settings TEXT"],
     }
 
 
@@ -182,7 +185,7 @@ _USAGE_COLUMNS = ("input_tokens", "output_tokens", "cache_creation_input_tokens"
                   "cost_usd")
 _RUN_COLUMNS = ("run_id, flow_name, flow_hash, status, seq, input, created_at, updated_at, error, parent_run_id, "
                 "parent_node_run_id, forked_from, forked_at, flow_source, lease_owner, lease_expires_at, idempotency_key, "
-                f"{', '.join(_USAGE_COLUMNS)}, lease_epoch, pool, max_runs")
+                f"{', '.join(_USAGE_COLUMNS)}, lease_epoch, pool, max_runs, settings")
 # The run row is rewritten only when the status changes; the latest seq and time come from the log.
 _LAST_EVENT = (f"FROM events e WHERE e.id BETWEEN runs.run_no * {RUN_SPAN} AND runs.run_no * {RUN_SPAN} + "
                f"{RUN_SPAN - 1} ORDER BY e.id DESC LIMIT 1")
@@ -191,7 +194,7 @@ _RUN_SELECT = (
     f"run_id, flow_name, flow_hash, status, COALESCE((SELECT e.id - runs.run_no * {RUN_SPAN} {_LAST_EVENT}), seq), "
     f"input, created_at, COALESCE((SELECT e.ts {_LAST_EVENT}), updated_at), error, "
     "parent_run_id, parent_node_run_id, forked_from, forked_at, flow_source, lease_owner, lease_expires_at, "
-    f"idempotency_key, run_no, {', '.join(_USAGE_COLUMNS)}, lease_epoch, pool, max_runs")
+    f"idempotency_key, run_no, {', '.join(_USAGE_COLUMNS)}, lease_epoch, pool, max_runs, settings")
 # A pooled run holding one of its flow's maxConcurrentRuns slots; ``?`` is the time now.
 _SLOT_TAKEN = ("x.pool = 1 AND (x.status = 'running' OR "
                "(x.status = 'queued' AND x.lease_owner IS NOT NULL AND x.lease_expires_at >= ?))")
@@ -209,7 +212,8 @@ def _record(row: Sequence[Any]) -> RunRecord:
                      parentRunId=row[9], parentNodeRunId=row[10], forkedFrom=row[11], forkedAt=row[12],
                      flowSource=row[13], leaseOwner=row[14], leaseExpiresAt=row[15], idempotencyKey=row[16],
                      runNo=row[17], usage=_usage(row[18:22]), totalCostUsd=float(row[22]), leaseEpoch=int(row[23]),
-                     pooled=bool(row[24]), maxRuns=row[25])
+                     pooled=bool(row[24]), maxRuns=row[25],
+                     settings=json.loads(row[26]) if row[26] else None)
 
 
 def _agent_run_values(r: AgentRun) -> tuple[Any, ...]:
@@ -260,7 +264,9 @@ class SqlStore(SqlArchive, ABC):
     _sql_insert_flow: ClassVar[str] = ("INSERT INTO flows (hash, name, document, created_at) VALUES (?, ?, ?, ?) "
                                        "ON CONFLICT (hash) DO NOTHING")
     _sql_get_flow: ClassVar[str] = "SELECT document FROM flows WHERE hash = ?"
-    _sql_insert_run: ClassVar[str] = f"INSERT INTO runs ({_RUN_COLUMNS}) VALUES ({', '.join('?' * 25)})"
+    _sql_insert_run: ClassVar[str] = f"INSERT INTO runs ({_RUN_COLUMNS}) VALUES ({', '.join('?' * 26)})"
+    _sql_set_settings: ClassVar[str] = "UPDATE runs SET settings = ? WHERE run_id = ?"
+    _sql_set_flow: ClassVar[str] = "UPDATE runs SET flow_hash = ?, flow_source = ? WHERE run_id = ?"
     _sql_set_totals: ClassVar[str] = (f"UPDATE runs SET {' = ?, '.join(_USAGE_COLUMNS)} = ? WHERE run_id = ?")
     _sql_find_idempotent: ClassVar[str] = f"SELECT {_RUN_SELECT} FROM runs WHERE idempotency_key = ?"
     _sql_get_run: ClassVar[str] = f"SELECT {_RUN_SELECT} FROM runs WHERE run_id = ?"
@@ -417,7 +423,8 @@ class SqlStore(SqlArchive, ABC):
                  record.parentRunId, record.parentNodeRunId, record.forkedFrom, record.forkedAt,
                  record.flowSource, record.leaseOwner, record.leaseExpiresAt, record.idempotencyKey,
                  *(record.usage.get(k, 0) for k in USAGE_KEYS), record.totalCostUsd, record.leaseEpoch,
-                 int(record.pooled), record.maxRuns))
+                 int(record.pooled), record.maxRuns,
+                 None if record.settings is None else json.dumps(record.settings)))
             self._lock_run_numbers(db)
             run_no = int(db.execute(self._sql_next_run_no).fetchone()[0])
             db.execute(self._sql_set_run_no, (run_no, record.runId))
@@ -457,6 +464,18 @@ class SqlStore(SqlArchive, ABC):
                 self._lock_keys(db, "agent_runs")
                 locked = True
             db.execute(self._sql_insert_agent_run, (r.agentRunId, r.runId, *values))
+
+    def set_run_settings(self, run_id: str, settings: dict[str, Any] | None) -> None:
+        with self._tx() as db:
+            if db.execute(self._sql_set_settings, (None if settings is None else json.dumps(settings),
+                                                   run_id)).rowcount == 0:
+                raise UnknownRunError(run_id, self.location)
+
+    def update_run_flow(self, run_id: str, flow_hash: str, name: str, document: str, source: str | None) -> None:
+        with self._tx() as db:
+            db.execute(self._sql_insert_flow, (flow_hash, name, document, now_ms()))
+            if db.execute(self._sql_set_flow, (flow_hash, source, run_id)).rowcount == 0:
+                raise UnknownRunError(run_id, self.location)
 
     def _insert_blobs(self, db: Any, blobs: Mapping[str, bytes] | None) -> None:
         # Content-addressed: a blob that exists already is the same bytes; writing it again changes nothing.
