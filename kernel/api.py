@@ -57,6 +57,7 @@ if TYPE_CHECKING:
 from flowkernel.store.open import open_store
 
 LEASE_TTL_MS = 15_000
+ENDED = frozenset({"completed", "failed", "aborted"})  # the statuses a run's flow:complete leaves
 
 
 def _owner_id() -> str:
@@ -315,7 +316,7 @@ class Kernel:
         """The run's ``RunSummary``: status, times, and usage and cost with its child runs' added."""
         from flowkernel.summaries import summaries
 
-        return summaries(self.store, [self.store.get_run(run_id)])[0]
+        return summaries(self.store, [self.store.get_run(run_id)], self.interrupted)[0]
 
     def detail(self, run_id: str, at: int | None = None) -> dict[str, Any]:
         """``{run, snapshot, children}`` as ``show --json`` prints it: the run's summary and details, its
@@ -325,7 +326,7 @@ class Kernel:
         record = self.store.get_run(run_id)
         snap = self.snapshot(run_id, at=at)
         children = self.store.list_runs(parent=run_id, limit=100_000)
-        [run, *kids] = summaries(self.store, [record, *children])
+        [run, *kids] = summaries(self.store, [record, *children], self.interrupted)
         return {"run": detail_view(record, run), "snapshot": msgspec.to_builtins(snap),
                 "children": [msgspec.to_builtins(k) for k in kids]}
 
@@ -338,7 +339,7 @@ class Kernel:
         records = self.store.page_runs(status=status, flow=flow, parent=parent, before=before, limit=limit + 1)
         more = len(records) > limit
         records = records[:limit]
-        return summaries(self.store, records), (records[-1].runNo if more and records else None)
+        return summaries(self.store, records, self.interrupted), (records[-1].runNo if more and records else None)
 
     def messages(self, *, run_id: str | None = None, flow_run_id: str | None = None,
                  session_id: str | None = None, after: int = 0, limit: int = 100, node_id: str | None = None) -> Page:
@@ -376,10 +377,11 @@ class Kernel:
         return found[-1][1] if found else None
 
     async def follow(self, run_id: str, after: int = 0, poll_s: float = COMMAND_POLL_S) -> AsyncIterator[Event]:
-        """Yield the run's events as they are stored (from ``after``), until the run stops running."""
+        """Yield the run's events as they are stored (from ``after``), until the run ends (its
+        ``flow:complete``): through waits and pauses, whichever process executes it meanwhile."""
         seq = after
         while True:
-            stopped = self.store.get_run(run_id).status not in ("running", "queued")
+            stopped = self.store.get_run(run_id).status in ENDED
             # Read after the status: the commit that stops a run carries its last events.
             batch = self.events(run_id, after=seq)
             for ev in batch:
@@ -591,6 +593,17 @@ class Kernel:
     async def continue_run(self, run_id: str, *, on_event: EventListener | None = None) -> RunSnapshot:
         """Execute a stored run that no process is executing (after a reply or send landed in it)."""
         return await self.execute(run_id, on_event=on_event, before=continue_stopped)
+
+    def interrupted(self, record: RunRecord) -> bool:
+        """Whether the run is ``running`` with no process executing it (its executor was killed, or
+        stopped by Ctrl-C): it shows as ``interrupted``, and ``resume`` continues it. The stored status
+        stays ``running``: this is read from the lease, which a dead executor no longer holds. A pooled
+        run without one is not: a worker claims it (DESIGN §11)."""
+        return record.status == "running" and not record.pooled and not self.executed(record)
+
+    def executed(self, record: RunRecord) -> bool:
+        """Whether a live process (this one or another) executes the run now."""
+        return record.runId in self._executing or self._held(record)
 
     def _held(self, record: RunRecord) -> bool:
         """Whether a live process holds the run's lease."""

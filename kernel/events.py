@@ -88,6 +88,7 @@ class NodeError(BaseEvent, tag="node:error"):
     attempt: int = 1
     willRetry: bool = False
     item: int | None = None
+    details: Any = None  # e.g. ``{"traceback": "..."}`` of an exception the node type did not expect
 
 
 class NodeSkipped(BaseEvent, tag="node:skipped"):

@@ -174,7 +174,7 @@ def _node_error(flow: CompiledFlow, s: RunSnapshot, ev: NodeError, o: bool) -> t
     if ev.item is not None:
         s = _item_result(s, n, ev.item, {"error": ev.message}, o)
         return replace(s, seq=ev.seq, inbox=_drop(o, s.inbox, ev.runId or "")), frozenset({n})
-    fault = NodeFault(errorType=ev.errorType, message=ev.message, runId=ev.runId)
+    fault = NodeFault(errorType=ev.errorType, message=ev.message, runId=ev.runId, details=ev.details)
     return replace(
         s, seq=ev.seq, nodeStatus=_set(o, s.nodeStatus, n, "failed"), faults=_set(o, s.faults, n, fault),
         inbox=_drop(o, s.inbox, ev.runId or ""), waiting=_drop(o, s.waiting, n),

@@ -7,6 +7,7 @@ import os
 import sys
 import time
 from collections import Counter
+from collections.abc import Iterable
 from typing import Any, TextIO
 
 from flowkernel.events import BaseEvent, to_dict
@@ -26,29 +27,88 @@ def _color(stream: TextIO) -> bool:
     return stream.isatty() and os.environ.get("NO_COLOR") is None
 
 
-def preview(value: Any, width: int = 60) -> str:
+def preview(value: Any, width: int | None = 60) -> str:
+    """``value`` on one line, cut to ``width`` characters (``None``: whole)."""
     text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, separators=(",", ":"))
     text = text.replace("\n", " ")
-    return text if len(text) <= width else text[: width - 1] + "…"
+    return text if width is None or len(text) <= width else text[: width - 1] + "…"
+
+
+def whole(value: Any, indent: str) -> str:
+    """``value`` in full for ``--full``: text as it is, other values as indented JSON; lines after the
+    first start with ``indent``."""
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, indent=2)
+    return text.replace("\n", "\n" + indent)
 
 
 class LiveView:
-    """Prints one readable line per event as a run progresses; agent text streams inline."""
+    """Prints one readable line per event as a run progresses; agent text streams inline.
 
-    def __init__(self, stream: TextIO | None = None, *, started: float | None = None) -> None:
+    Times are since the run started (``started_ms``, else its first event), or the wall clock with
+    ``wall``. Lines of a node run say which node run they are about (``describe[2]`` for a forEach
+    item). One node run's text streams at a time; text of others arriving meanwhile is held and
+    printed as a labelled block of its own, so concurrent items never run together.
+    """
+
+    def __init__(self, stream: TextIO | None = None, *, started_ms: int | None = None, wall: bool = False) -> None:
         self.out = stream or sys.stdout
         self.color = _color(self.out)
-        self.t0 = started or time.monotonic()
+        self.t0 = started_ms
+        self.wall = wall
         self.counts: Counter[str] = Counter()
-        self._streaming: str | None = None
+        self._streaming: str | None = None  # "<node run id> <event type>" of the stream being printed
+        self._streamed: set[str] = set()  # streams that printed text as it came
+        self._held: dict[str, list[str]] = {}  # stream -> text that came while another one printed
+        self._heads: dict[str, tuple[str, bool]] = {}  # stream -> (who, thinking)
+        self._labels: dict[str, str] = {}  # node run id -> "node" or "node[item]"
+        self._first: dict[str, str] = {}  # node run id -> the first node run of its chain of resumes
+        self._calls: Counter[str] = Counter()  # model calls per chain
+        self._tokens: dict[str, list[float]] = {}  # chain -> [in, out, cost]
+        self._stamp = 0
+
+    def seed(self, events: Iterable[BaseEvent]) -> None:
+        """Take in a run's stored history without printing it, so what follows (a resumed run) is
+        labelled and counted as part of the whole run."""
+        for ev in events:
+            self._note(ev)
+
+    def _note(self, ev: BaseEvent) -> None:
+        """What the view keeps of an event: counts, labels, model calls."""
+        t = ev.type
+        if self.t0 is None:
+            self.t0 = ev.timestamp
+        self._stamp = ev.timestamp or self._stamp
+        run = ev.runId or ""
+        if t == "node:complete":
+            self.counts["done"] += 1
+        elif t == "node:skipped":
+            self.counts["skipped"] += 1
+        elif t == "node:start" and run:
+            item = getattr(ev, "item", None)
+            self._labels[run] = f"{ev.nodeId}" + ("" if item is None else f"[{item}]")
+            before = getattr(ev, "resumedFrom", None)
+            self._first[run] = self._first.get(before, before) if before else run
+        elif t == "agent:usage":
+            chain = self._first.get(run, run)
+            self._calls[chain] += 1
+            usage = getattr(ev, "usage", {})
+            tally = self._tokens.setdefault(chain, [0, 0, 0.0])
+            tally[0] += usage.get("inputTokens", 0)
+            tally[1] += usage.get("outputTokens", 0)
+            tally[2] += getattr(ev, "costUsd", 0.0)
 
     def _c(self, code: str, text: str) -> str:
         return f"\x1b[{code}m{text}\x1b[0m" if self.color else text
 
+    def _when(self) -> str:
+        if self.wall:
+            seconds, ms = divmod(self._stamp, 1000)
+            return time.strftime("%H:%M:%S", time.localtime(seconds)) + f".{ms:03d}"
+        return f"{(self._stamp - (self.t0 or self._stamp)) / 1000:7.2f}s"
+
     def _line(self, mark: str, who: str, what: str) -> None:
         self._end_stream()
-        elapsed = f"{time.monotonic() - self.t0:7.2f}s"
-        self.out.write(f"{self._c('2', elapsed)} {mark} {who:<22} {what}\n")
+        self.out.write(f"{self._c('2', self._when())} {mark} {who:<22} {what}\n")
         self.out.flush()
 
     def _end_stream(self) -> None:
@@ -56,12 +116,49 @@ class LiveView:
             self.out.write("\n")
             self._streaming = None
 
+    def _gutter(self) -> str:
+        return " " * len(self._when()) + " " + self._c("34", "│")
+
+    def _block(self, who: str, text: str, *, thinking: bool) -> None:
+        """Agent text under the gutter: ``│ who says: …``, continuation lines indented."""
+        self.out.write(f"{self._gutter()} {who} {'thinks' if thinking else 'says'}: ")
+        self._text(text, thinking=thinking)
+
+    def _text(self, text: str, *, thinking: bool) -> None:
+        body = text.replace("\n", "\n" + self._gutter() + "   ")
+        self.out.write(self._c("2", body) if thinking else body)
+        self.out.flush()
+
+    def _delta(self, key: str, who: str, text: str, *, thinking: bool) -> None:
+        if self._streaming is None:
+            self._block(who, "".join(self._held.pop(key, [])), thinking=thinking)
+            self._streaming = key
+            self._streamed.add(key)
+        if self._streaming == key:
+            self._text(text, thinking=thinking)
+        else:  # another node run's text is printing: hold this one's
+            self._held.setdefault(key, []).append(text)
+            self._heads[key] = (who, thinking)
+
+    def _release(self, run: str | None) -> None:
+        """Print the text held for node run ``run`` (every node run's when None) as blocks of their own."""
+        for key in [k for k in self._held if run is None or k.startswith(run + " ")]:
+            self._end_stream()
+            who, thinking = self._heads.pop(key)
+            self._block(who, "".join(self._held.pop(key)), thinking=thinking)
+            self._streamed.add(key)
+            self.out.write("\n")
+
     def __call__(self, ev: BaseEvent) -> None:
+        self._note(ev)
         d = to_dict(ev)
         t = ev.type
         node = d.get("nodeId") or ""
+        run = d.get("runId") or ""
         item = f"[{d['item']}]" if d.get("item") is not None else ""
-        who = f"{node}{item}"
+        who = self._labels.get(run) or f"{node}{item}"
+        if not t.endswith(":delta") and (run or self._held):
+            self._release(run or None)  # what a node run said comes before what it does next
         if t == "flow:start":
             self._line(self._c("1", "▶"), d["flowName"], f"run {d['flowRunId']}  input {preview(d.get('input'), 50)}")
         elif t == "node:start":
@@ -69,13 +166,11 @@ class LiveView:
             resumed = f" resumed from {d['resumedFrom']}" if d.get("resumedFrom") else ""
             self._line(self._c("36", "●"), who, f"started {d.get('runId', '')}{attempt}{resumed}")
         elif t == "node:complete":
-            self.counts["done"] += 1
             self._line(self._c("32", "✔"), who, f"done in {d.get('durationMs', 0)} ms → {preview(d.get('output'))}")
         elif t == "node:error":
             retry = ", will retry" if d.get("willRetry") else ""
             self._line(self._c("31", "✖"), who, f"{d['errorType']}: {preview(d['message'], 70)}{retry}")
         elif t == "node:skipped":
-            self.counts["skipped"] += 1
             self._line(self._c("2", "○"), who, f"skipped ({d['reason']})")
         elif t == "node:waiting":
             self._line(self._c("33", "…"), who, f"waiting: {preview(d.get('prompt'), 70)}")
@@ -91,18 +186,17 @@ class LiveView:
         elif t == "state:patch":
             self._line(self._c("2", "≡"), f"state.{d['path']}", f"{d['op']} {preview(d.get('value'), 50)}")
         elif t in ("agent:text:delta", "agent:thinking:delta"):
-            key = f"{node}:{t}"
-            if self._streaming != key:
-                self._end_stream()
-                label = "thinks" if "thinking" in t else "says"
-                self.out.write(f"{' ' * 9}{self._c('34', '│')} {node} {label}: ")
-                self._streaming = key
-            # Continuation lines stay under the gutter so the stream reads as one block.
-            text = d["content"].replace("\n", "\n" + " " * 9 + self._c("34", "│") + "   ")
-            self.out.write(self._c("2", text) if "thinking" in t else text)
-            self.out.flush()
+            self._delta(f"{run} {t}", who, d["content"], thinking="thinking" in t)
         elif t in ("agent:text", "agent:thinking"):
-            self._line(self._c("34", "│"), who, preview(d["content"], 80))
+            key = f"{run} {t}:delta"
+            if key in self._streamed:  # shown as it streamed
+                self._streamed.discard(key)
+                self._end_stream()
+                return
+            self._end_stream()
+            self._block(who, d["content"], thinking=t == "agent:thinking")
+            self.out.write("\n")
+            self.out.flush()
         elif t == "agent:start":
             self._line(self._c("34", "◆"), who, f"agent {d['model']} session {d['sessionId']}")
         elif t == "agent:tool":
@@ -112,29 +206,46 @@ class LiveView:
         elif t == "agent:error":
             self._line(self._c("31", "!"), who, f"{d['errorType']}: {preview(d['message'], 70)}")
         elif t == "agent:complete":
-            u = d.get("usage", {})
-            self._line(self._c("34", "◆"), who, f"agent done: {d.get('numTurns', 0)} turns, "
-                                               f"{u.get('inputTokens', 0)} in / {u.get('outputTokens', 0)} out tokens, "
-                                               f"${d.get('totalCostUsd', 0):.4f}")
+            chain = self._first.get(run, run)
+            calls = self._calls.get(chain, 0) or d.get("numTurns", 0)
+            tokens_in, tokens_out, cost = self._tokens.get(chain, [0, 0, 0.0])
+            if chain not in self._tokens:  # no agent:usage events (an older run): this execution's own
+                u = d.get("usage", {})
+                tokens_in, tokens_out, cost = u.get("inputTokens", 0), u.get("outputTokens", 0), d.get("totalCostUsd", 0)
+            self._line(self._c("34", "◆"), who, f"agent done: {calls} model call{'s' if calls != 1 else ''}, "
+                                               f"{int(tokens_in)} in / {int(tokens_out)} out tokens, ${cost:.4f}")
         elif t == "command:received":
             verdict = "accepted" if d["accepted"] else f"refused: {d.get('reason')}"
             self._line(self._c("33", "⌘"), d["command"], verdict)
         elif t in ("flow:paused", "flow:resumed", "flow:waiting"):
             why = d.get("reason") or d.get("message") or ""
             self._line(self._c("33", "‖" if t != "flow:resumed" else "▶"), t.split(":")[1], why)
+        elif t == "flow:updated":
+            self._line(self._c("33", "✎"), "flow updated", f"{d['fromHash'][:19]}… → {d['toHash'][:19]}…")
         elif t == "flow:complete":
             status = d["status"]
             code = "32" if status == "completed" else "31"
             err = f": {d['error']}" if d.get("error") else ""
+            # Counted over the whole run, the stored history of a resumed run included (``seed``).
             self._line(self._c(code, "■"), status, f"{self.counts['done']} done, {self.counts['skipped']} skipped{err}")
 
 
 def show_snapshot(record: RunRecord, snap: RunSnapshot, out: TextIO, summary: RunSummary | None = None, *,
-                  again: str = "") -> None:
-    """A readable picture of a run: status, cost, nodes, what it waits for, loops and state. ``again``
-    ends the commands it prints (the store option, so they work as printed)."""
+                  again: str = "", live: bool = True, full: bool = False) -> None:
+    """A readable picture of a run: status, cost, nodes, what it waits for, loops and state.
+
+    ``again`` ends the commands it prints (the store option, so they work as printed). ``live``: a
+    process executes the run now; when none does, node runs the snapshot has as running were
+    interrupted, and say so. ``full``: values whole instead of cut to a line.
+    """
+    def shown(value: Any, n: int, indent: str) -> str:
+        return whole(value, indent) if full else preview(value, n)
+
+    status = snap.status
+    if not live and status == "running":
+        status = f"interrupted (stored as running; no process executes it: flowkernel resume {snap.runId}{again})"
     out.write(f"run      {record.runId}\nflow     {record.flowName}  ({record.flowHash[:19]}…)\n")
-    out.write(f"status   {snap.status}" + (f"  error: {snap.error}" if snap.error else "") + "\n")
+    out.write(f"status   {status}" + (f"  error: {snap.error}" if snap.error else "") + "\n")
     out.write(f"events   {snap.seq}\n")
     if summary is not None:  # the run's cost now (child runs included), whatever seq is shown
         out.write(f"cost     {cost_line(summary)}\n")
@@ -145,22 +256,31 @@ def show_snapshot(record: RunRecord, snap: RunSnapshot, out: TextIO, summary: Ru
         parts = [f"--fixtures {settings['fixtures']}"] if settings.get("fixtures") else []
         parts += [f"--plugin {p}" for p in settings.get("plugins", ())]
         out.write(f"settings {' '.join(parts)}\n")
-    out.write(f"input    {preview(snap.input, 100)}\n\nnodes\n")
+    out.write(f"input    {shown(snap.input, 100, '         ')}\n\nnodes\n")
+    pad = " " * 12
     for n, st in snap.nodeStatus.items():
         run = snap.nodeRuns.get(n, "")
         extra = ""
+        fault = snap.faults.get(n) if st == "failed" else None
         if st == "done" and n in snap.outputs:
-            extra = preview(snap.outputs[n], 60)
-        elif st == "failed" and n in snap.faults:
-            extra = f"{snap.faults[n].errorType}: {preview(snap.faults[n].message, 50)}"
+            extra = shown(snap.outputs[n], 60, pad)
+        elif fault is not None:
+            extra = f"{fault.errorType}: {shown(fault.message, 50, pad)}"
         elif st == "running" and n in snap.forEach:
             fe = snap.forEach[n]
             extra = f"{sum(r is not None for r in fe.results)}/{len(fe.items)} items finished"
-        out.write(f"  {st:<8} {n:<22} {run:<26} {extra}\n")
+        if st == "running" and not live:
+            # Stopped mid-run (paused, killed, failed elsewhere): it runs again when the run resumes.
+            st = "interrupted"
+        out.write(f"  {st:<11} {n:<22} {run:<26} {extra}".rstrip() + "\n")
+        if fault is not None and isinstance(fault.details, dict) and fault.details.get("traceback"):
+            trace = str(fault.details["traceback"]).rstrip("\n")
+            out.write(pad + trace.replace("\n", "\n" + pad) + "\n")
     if snap.waiting:
         out.write("\nwaiting for a reply\n")
         for n, w in snap.waiting.items():
-            out.write(f"  {n}: {preview(w.prompt, 80)}\n    flowkernel reply {snap.runId} --to {w.runId} 'YOUR ANSWER'{again}\n")
+            out.write(f"  {n}: {shown(w.prompt, 80, '    ')}\n"
+                      f"    flowkernel reply {snap.runId} --to {w.runId} 'YOUR ANSWER'{again}\n")
     if snap.loopCounters:
         out.write("\nloops\n")
         for e, count in snap.loopCounters.items():
@@ -170,7 +290,7 @@ def show_snapshot(record: RunRecord, snap: RunSnapshot, out: TextIO, summary: Ru
         for run_id, msgs in snap.inbox.items():
             out.write(f"  {run_id}: {len(msgs)} undelivered\n")
     if snap.state:
-        out.write(f"\nstate    {preview(snap.state, 100)}\n")
+        out.write(f"\nstate    {shown(snap.state, 100, '         ')}\n")
 
 
 def show_runs(runs: list[RunSummary], out: TextIO, workers: dict[str, str] | None = None) -> None:

@@ -606,7 +606,8 @@ class RunExecution:
                 error_type, message = _describe(exc, policy.timeoutMs)
                 will_retry = attempt < max_attempts and not self._pause
                 self.submit(NodeError(nodeId=node.id, runId=run_id, item=start.item, errorType=error_type,
-                                      message=message, attempt=attempt, willRetry=will_retry))
+                                      message=message, attempt=attempt, willRetry=will_retry,
+                                      details=_traceback(exc, policy.timeoutMs)))
                 if not will_retry:
                     return
                 await anyio.sleep(backoff_ms * (2 ** (attempt - 1)) / 1000)
@@ -658,6 +659,24 @@ def _json_already(draft: BaseEvent) -> bool:
 
 _encode = encoder.encode
 _NOTHING: frozenset[str] = frozenset()
+
+
+TRACEBACK_FRAMES = 30  # the innermost ones: where the code that failed was
+TRACEBACK_CHARS = 16_000
+
+
+def _traceback(exc: Exception, timeout_ms: int | None) -> dict[str, str] | None:
+    """``{"traceback": ...}`` for an exception no node type raised on purpose (a bug in a function, a
+    tool, a plugin): the message alone rarely says where. Expected failures (NodeFailure, timeouts,
+    flowkernel's own errors) carry their meaning in the message."""
+    if isinstance(exc, FlowkernelError) or (isinstance(exc, TimeoutError) and timeout_ms):
+        return None
+    import traceback
+
+    text = "".join(traceback.format_exception(exc, limit=-TRACEBACK_FRAMES))
+    if len(text) > TRACEBACK_CHARS:
+        text = "…" + text[-(TRACEBACK_CHARS - 1):]
+    return {"traceback": text}
 
 
 def _describe(exc: Exception, timeout_ms: int | None) -> tuple[str, str]:

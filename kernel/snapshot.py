@@ -24,6 +24,7 @@ class NodeFault(msgspec.Struct, kw_only=True, omit_defaults=True):
     errorType: str
     message: str
     runId: str | None = None
+    details: Any = None  # the node:error's (a traceback, for an unexpected exception)
 
 
 class Waiting(msgspec.Struct, kw_only=True, omit_defaults=True):

@@ -7,7 +7,7 @@ in one query per page, so listing runs never reads an event.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgspec
@@ -44,8 +44,9 @@ class RunSummary(msgspec.Struct, kw_only=True):
     error: str | None
 
 
-def summary(record: RunRecord, descendants: RunTotals | None = None) -> RunSummary:
-    """The summary of ``record``, with its descendants' totals added when given."""
+def summary(record: RunRecord, descendants: RunTotals | None = None, *, interrupted: bool = False) -> RunSummary:
+    """The summary of ``record``, with its descendants' totals added when given. ``interrupted``: the
+    run is ``running`` but no process executes it (its executor was killed); it shows as ``interrupted``."""
     usage = {k: record.usage.get(k, 0) for k in USAGE_KEYS}
     cost = record.totalCostUsd
     if descendants is not None:
@@ -54,7 +55,8 @@ def summary(record: RunRecord, descendants: RunTotals | None = None) -> RunSumma
         cost += descendants.totalCostUsd
     # A finished run's last event is its flow:complete: ``updatedAt`` is when it finished.
     completed = record.updatedAt if record.status in FINISHED else None
-    return RunSummary(runId=record.runId, flowName=record.flowName, status=record.status,
+    return RunSummary(runId=record.runId, flowName=record.flowName,
+                      status="interrupted" if interrupted and record.status == "running" else record.status,
                       parentRunId=record.parentRunId, createdAt=record.createdAt, updatedAt=record.updatedAt,
                       completedAt=completed, durationMs=None if completed is None else completed - record.createdAt,
                       totalCostUsd=round(cost, 10), usage=Usage.of(usage), error=record.error)
@@ -72,7 +74,9 @@ def detail_view(record: RunRecord, run: RunSummary) -> dict[str, Any]:
     return out
 
 
-def summaries(store: Store, records: Sequence[RunRecord]) -> list[RunSummary]:
-    """Summaries of ``records``, each with its descendants' usage and cost added (one query)."""
+def summaries(store: Store, records: Sequence[RunRecord],
+              interrupted: Callable[[RunRecord], bool] | None = None) -> list[RunSummary]:
+    """Summaries of ``records``, each with its descendants' usage and cost added (one query); runs for
+    which ``interrupted`` says so show as ``interrupted``."""
     below = store.descendant_totals([r.runId for r in records])
-    return [summary(r, below.get(r.runId)) for r in records]
+    return [summary(r, below.get(r.runId), interrupted=interrupted is not None and interrupted(r)) for r in records]

@@ -56,13 +56,13 @@ def add_parsers(sub: Any) -> None:
 
 def cmd_resume(args: argparse.Namespace) -> int:
     with opened(args) as kernel:
-        snap = run_async(kernel.resume, args.run, args.message, on_event=printer(args))
+        snap = run_async(kernel.resume, args.run, args.message, on_event=printer(args, lambda: kernel.events(args.run)))
         return exit_for(snap, args.run, args)
 
 
 def cmd_retry(args: argparse.Namespace) -> int:
     with opened(args) as kernel:
-        snap = run_async(kernel.retry, args.run, on_event=printer(args))
+        snap = run_async(kernel.retry, args.run, on_event=printer(args, lambda: kernel.events(args.run)))
         return exit_for(snap, args.run, args)
 
 
@@ -78,7 +78,8 @@ def _command(args: argparse.Namespace, kind: str) -> int:
 
         if kind in ("reply", "send"):
             # Nobody executes the run? Then it continues here, streaming like `run` does.
-            _, snap = run_async(kernel.deliver, args.run, cmd, on_event=printer(args), on_accepted=accepted)
+            _, snap = run_async(kernel.deliver, args.run, cmd, on_event=printer(args, lambda: kernel.events(args.run)),
+                                on_accepted=accepted)
             if snap is None and kernel.store.get_run(args.run).pooled:
                 print(f"flowkernel: run {args.run} is the workers' (`flowkernel worker`): one continues it",
                       file=sys.stderr)

@@ -23,7 +23,9 @@ if TYPE_CHECKING:
 
 def add_parsers(sub: Any) -> None:
     sp = sub.add_parser("runs", help="list runs")
-    sp.add_argument("--status", choices=["running", "paused", "waiting", "completed", "failed", "aborted"])
+    sp.add_argument("--status", choices=["running", "interrupted", "paused", "waiting", "completed", "failed",
+                                         "aborted"],
+                    help="`interrupted`: running, but no process executes it (killed; `resume` continues it)")
     sp.add_argument("--parent", metavar="RUN", help="only the children of RUN")
     sp.add_argument("--limit", type=int, default=50)
     add_db(sp)
@@ -40,14 +42,18 @@ def add_parsers(sub: Any) -> None:
     sp.add_argument("--tool-status", choices=["completed", "error"], help="tool calls with this status only")
     sp.add_argument("--after", type=int, default=0, metavar="CURSOR", help="the page after this cursor")
     sp.add_argument("--limit", type=int, default=50, help="rows per page (default 50)")
+    sp.add_argument("--full", action="store_true",
+                    help="outputs, prompts, state, errors and messages whole, not cut to a line")
     add_db(sp)
     add_json(sp)
     sp.set_defaults(handler=cmd_show)
 
     sp = sub.add_parser("events", help="print a run's events")
     sp.add_argument("run")
-    sp.add_argument("--follow", "-f", action="store_true", help="keep printing until the run stops")
+    sp.add_argument("--follow", "-f", action="store_true",
+                    help="keep printing until the run ends (through waits and pauses; Ctrl-C stops)")
     sp.add_argument("--after", type=int, default=0, metavar="SEQ")
+    sp.add_argument("--wall", action="store_true", help="wall-clock times instead of the time since the run started")
     add_db(sp)
     add_json(sp)
     sp.set_defaults(handler=cmd_events)
@@ -56,6 +62,7 @@ def add_parsers(sub: Any) -> None:
     sp.add_argument("run")
     sp.add_argument("--speed", type=float, default=0.0, metavar="X",
                     help="pace by the recorded timestamps, X times faster (0: no pacing)")
+    sp.add_argument("--wall", action="store_true", help="wall-clock times instead of the time since the run started")
     add_db(sp)
     add_json(sp)
     sp.set_defaults(handler=cmd_replay)
@@ -65,8 +72,11 @@ def cmd_runs(args: argparse.Namespace) -> int:
     from flowkernel.summaries import detail_view, summaries
 
     with opened(args) as kernel:
-        records = kernel.runs(status=args.status, parent=args.parent, limit=args.limit)
-        shown = summaries(kernel.store, records)
+        wanted = "running" if args.status == "interrupted" else args.status
+        records = kernel.runs(status=wanted, parent=args.parent, limit=args.limit)
+        if args.status is not None:  # `running` lists the runs a process executes; `interrupted` the others
+            records = [r for r in records if kernel.interrupted(r) == (args.status == "interrupted")]
+        shown = summaries(kernel.store, records, kernel.interrupted)
         if args.json:
             import json
 
@@ -97,18 +107,21 @@ def _show_history(kernel: Kernel, args: argparse.Namespace) -> int:
     elif not page["items"]:
         print("no messages" if args.messages else "no tool calls")
     elif args.messages:
-        from flowkernel.render import preview
+        from flowkernel.render import preview, whole
 
         for m in page["items"]:
             print(f"#{m['id']:<5} step {m['step']:<3} {m['role']:<9} {m['nodeId']:<16} {m['runId']}")
-            print(f"       {preview(m['content'], 110)}")
+            print(f"       {whole(m['content'], ' ' * 7) if args.full else preview(m['content'], 110)}")
     else:
-        from flowkernel.render import preview
+        from flowkernel.render import preview, whole
+
+        def cut(value: Any) -> str:
+            return whole(value, " " * 11) if args.full else preview(value, 100)
 
         for c in page["items"]:
             print(f"#{c['id']:<5} step {c['step']:<3} {c['toolName']:<16} {c['status']:<9} "
                   f"{c.get('durationMs') or 0:>6} ms  {c['runId']}")
-            print(f"       in  {preview(c.get('input'), 100)}\n       out {preview(c.get('output'), 100)}")
+            print(f"       in  {cut(c.get('input'))}\n       out {cut(c.get('output'))}")
     if page["nextCursor"] is not None:
         more = "--messages" if args.messages else "--tool-calls"
         print(f"flowkernel: more: flowkernel show {args.run} {more} --after {page['nextCursor']}", file=sys.stderr)
@@ -129,7 +142,8 @@ def cmd_show(args: argparse.Namespace) -> int:
             record = kernel.store.get_run(args.run)
             snap = kernel.snapshot(args.run, at=args.at)
             children = kernel.runs(parent=args.run)
-            show_snapshot(record, snap, sys.stdout, kernel.summary(args.run), again=store_option(args))
+            show_snapshot(record, snap, sys.stdout, kernel.summary(args.run), again=store_option(args),
+                          live=args.at is not None or kernel.executed(record), full=args.full)
             if snap.agentSessions:
                 print("\nagents   (flowkernel show RUN --messages | --tool-calls [--node-run NR])")
                 for node, session in snap.agentSessions.items():
@@ -142,16 +156,21 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_events(args: argparse.Namespace) -> int:
-    emit = printer(args)
     with opened(args) as kernel:
-        if args.follow:
-            async def follow() -> None:
-                async for ev in kernel.follow(args.run, after=args.after):
-                    emit(ev)
-            run_async(follow)
-        else:
+        kernel.store.get_run(args.run)
+        emit = printer(args, lambda: kernel.events(args.run, until=args.after))
+        if not args.follow:
             for ev in kernel.events(args.run, after=args.after):
                 emit(ev)
+            return EXIT_OK
+
+        async def follow() -> None:
+            async for ev in kernel.follow(args.run, after=args.after):
+                emit(ev)
+        try:
+            run_async(follow)
+        except KeyboardInterrupt:
+            pass  # Ctrl-C is how a follow of a run that waits ends; the run is not touched
         return EXIT_OK
 
 

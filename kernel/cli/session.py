@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -53,7 +53,10 @@ def settings_of(args: argparse.Namespace) -> RunSettings:
     return RunSettings.of(getattr(args, "fixtures", None), plugins)
 
 
-def printer(args: argparse.Namespace) -> Any:
+def printer(args: argparse.Namespace, history: Callable[[], Iterable[BaseEvent]] | None = None) -> Any:
+    """What prints a run's events: JSON lines, or the live view. The view first takes in ``history()``
+    (the run's stored events before those it will print), so a continued run is timed from its start,
+    labelled and counted as a whole."""
     if args.json:
         from flowkernel.events import encode
 
@@ -66,7 +69,9 @@ def printer(args: argparse.Namespace) -> Any:
         return emit
     from flowkernel.render import LiveView
 
-    view = LiveView(sys.stdout)
+    view = LiveView(sys.stdout, wall=getattr(args, "wall", False))
+    if history is not None:
+        view.seed(history())
 
     def show(ev: BaseEvent) -> None:
         try:
