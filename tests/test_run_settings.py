@@ -163,3 +163,88 @@ def test_ctrl_c_names_the_run_it_interrupted(tmp_path: Path, clean_env: dict[str
                            f"--db {tmp_path / 'r.db'}\n"), stderr
     resumed = fk("--plugin", "tests.plugins.waiters", "resume", run_id, "--db", "r.db", cwd=tmp_path, env=clean_env)
     assert resumed.returncode == 0, resumed.stderr
+
+
+def _hint(stderr: str, pattern: str) -> str:
+    match = re.search(pattern + r"(flowkernel (?:resume|retry) \S+ --db \S+)$", stderr, re.M)
+    assert match, stderr
+    return match.group(1)
+
+
+def test_the_printed_resume_and_retry_hints_work_as_printed_from_another_directory(
+        tmp_path: Path, clean_env: dict[str, str]) -> None:
+    """paused → resume, failed → retry, Ctrl-C → resume: each copied as printed, without the plugin that
+    defines the node's function, run from another directory."""
+    here, there = tmp_path / "here", tmp_path / "there"
+    here.mkdir()
+    there.mkdir()
+    (here / "blocked.json").write_text(json.dumps({"name": "blocked", "nodes": [
+        {"id": "work", "type": "python", "input": {"function": "block_first_run"}}], "edges": []}))
+    (here / "flaky.json").write_text(json.dumps({"name": "flaky", "nodes": [
+        {"id": "b", "type": "python", "input": {"function": "fail_first_time",
+                                                "args": {"marker": str(tmp_path / "failed-once")}}}]}))
+
+    def started(plugin: str, flow: str) -> tuple[subprocess.Popen[str], str]:
+        proc = subprocess.Popen([sys.executable, "-m", "flowkernel.cli", "--plugin", plugin, "run", flow,
+                                 "--json", "--db", "r.db"], cwd=here, env=clean_env, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert proc.stdout is not None
+        run_id = ""
+        for line in proc.stdout:
+            event = json.loads(line)
+            run_id = run_id or event["flowRunId"]
+            if event["type"] == "node:start":
+                return proc, run_id
+        raise AssertionError(proc.communicate())
+
+    # paused from another process: the run's own process prints how to continue it
+    proc, run_id = started("tests.plugins.waiters", "blocked.json")
+    try:
+        assert fk("pause", run_id, "--db", "r.db", cwd=here, env=clean_env).returncode == 0
+        _, stderr = proc.communicate(timeout=60)
+        assert proc.returncode == 3, stderr
+    finally:
+        proc.kill()
+    done = as_printed(_hint(stderr, r"paused; continue with: "), "", there, clean_env)
+    assert done.returncode == 0, done.stderr
+    assert "■ completed" in done.stdout
+
+    # Ctrl-C
+    proc, run_id = started("tests.plugins.waiters", "blocked.json")
+    try:
+        os.kill(proc.pid, signal.SIGINT)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    done = as_printed(_hint(stderr, r"interrupted; continue the run with: "), "", there, clean_env)
+    assert done.returncode == 0, done.stderr
+
+    # failed
+    failed = fk("--plugin", "tests.plugins.extras", "run", "flaky.json", "--db", "r.db", cwd=here, env=clean_env)
+    assert failed.returncode == 1, failed.stderr
+    done = as_printed(_hint(failed.stderr, r"re-run its failed nodes with: "), "", there, clean_env)
+    assert done.returncode == 0, done.stderr
+    assert "■ completed" in done.stdout
+
+
+def test_a_worker_executes_a_queued_run_with_the_plugins_it_was_queued_with(tmp_path: Path,
+                                                                             clean_env: dict[str, str]) -> None:
+    """The worker is given no --plugin: the run's own (remembered at `run --queue`) are imported."""
+    flow = tmp_path / "plug.json"
+    flow.write_text(json.dumps({"name": "plug", "nodes": [
+        {"id": "s", "type": "python", "input": {"function": "shout", "args": {"text": "hi"}}}]}))
+    db = tmp_path / "runs.db"
+    queued = fk("--plugin", "tests.plugins.extras", "run", str(flow), "--queue", "--db", str(db), cwd=tmp_path,
+                env=clean_env)
+    assert queued.returncode == 0, queued.stderr
+    run_id = queued.stdout.strip()
+    worker = subprocess.Popen([sys.executable, "-m", "flowkernel", "worker", "--db", str(db)], cwd=tmp_path,
+                              env=clean_env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        followed = fk("events", run_id, "--follow", "--json", "--db", str(db), cwd=tmp_path, env=clean_env)
+    finally:
+        worker.terminate()
+        _, worker_log = worker.communicate(timeout=60)
+    assert followed.returncode == 0, followed.stderr + worker_log
+    done = [e for e in map(json.loads, followed.stdout.splitlines()) if e["type"] == "node:complete"]
+    assert [e["output"] for e in done] == ["HI!"], worker_log

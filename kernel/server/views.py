@@ -41,7 +41,8 @@ class Usage(BaseModel):
 class RunSummary(BaseModel):
     runId: str
     flowName: str
-    status: Literal["queued", "running", "paused", "waiting", "completed", "failed", "aborted"]
+    # "interrupted": stored as running, but no process executes it (its executor died); resume continues it
+    status: Literal["queued", "running", "paused", "waiting", "completed", "failed", "aborted", "interrupted"]
     parentRunId: str | None
     createdAt: int = Field(description="Unix ms")
     updatedAt: int = Field(description="Unix ms of the run's last event")
