@@ -24,9 +24,11 @@ from typing import Any
 import pytest
 from flowkernel.api import Kernel
 from flowkernel.events import Event
+from flowkernel.ids import now_ms
 from flowkernel.store.base import Store
 from flowkernel.store.open import open_store
 
+import tests.plugins.waiters  # noqa: F401 (its functions, known here too: queuing a flow validates it)
 from tests.plugins.pool import digest
 from tests.test_postgres import _audited, needs_pg, pg_url  # noqa: F401 (pg_url is a fixture)
 
@@ -463,12 +465,30 @@ def test_an_idle_worker_starts_a_queued_run_promptly(db_url: str, pool_env: dict
 
 # -- the command line ---------------------------------------------------------------------------------
 
+def test_runs_shows_the_worker_that_holds_each_run(pool_env: dict[str, str], tmp_path: Path) -> None:
+    db = str(tmp_path / "runs.db")
+    kernel = Kernel(_store(db))
+    try:
+        compiled = kernel.compile(chain_flow(1))
+        held, waiting = kernel.enqueue(compiled, {"seed": 1}), kernel.enqueue(compiled, {"seed": 2})
+        claim = kernel.store.claim_runs("box:4242:w1", now_ms(), 60_000, limit=1)[0]
+        assert claim.runId == held
+    finally:
+        kernel.close()
+    table = subprocess.run([sys.executable, "-m", "flowkernel", "runs", "--db", db], env=pool_env,
+                           capture_output=True, text=True, timeout=60).stdout
+    rows = {line.split()[0]: line for line in table.splitlines()[1:]}
+    assert table.splitlines()[0].rstrip().endswith("WORKER")
+    assert rows[held].rstrip().endswith("box:4242:w1") and "box:4242" not in rows[waiting]
+
+
 def test_run_queue_prints_the_run_id_at_once_and_workers_lists_the_pool(
         pool_env: dict[str, str], tmp_path: Path) -> None:
     db = str(tmp_path / "runs.db")
     flow_file = tmp_path / "chain.json"
     flow_file.write_text(json.dumps(chain_flow(3)))
     cli = [sys.executable, "-m", "flowkernel"]
+    cli = [*cli, "--plugin", "tests.plugins.pool"]  # queuing validates the flow: its functions must be known
     out = subprocess.run([*cli, "run", str(flow_file), "--queue", "--input", "seed=3", "--db", db],
                          env=pool_env, cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
