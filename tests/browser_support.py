@@ -183,6 +183,14 @@ class Executor:
 
         self._in_thread(work, services)
 
+    def retry(self, run_id: str) -> None:
+        """Re-run the failed nodes of a failed run in the background, as ``flowkernel retry`` does."""
+
+        async def work(kernel: Kernel) -> None:
+            await kernel.retry(run_id)
+
+        self._in_thread(work, None)
+
     def join(self, timeout: float = 30) -> None:
         for thread in self.threads:
             thread.join(timeout)

@@ -23,6 +23,7 @@ from flowkernel.commands import Command
 from flowkernel.fixtures import MockQuery
 from flowkernel.store.open import open_store
 
+import tests.plugins.extras  # registers fail_first_time
 import tests.plugins.waiters  # noqa: F401  (registers await_message, block_first_run)
 from tests.browser_support import (
     CHROMIUM_ARGS,
@@ -569,6 +570,54 @@ def test_resume_with_a_message_from_the_page(
     expect(page.locator(".actions .outcome")).to_contain_text("resume accepted")
     resumed = page.locator(".timeline li.ev").filter(has_text="resumed: carry on, please")
     expect(resumed).to_have_count(1)
+    ui.assert_clean()
+
+
+def test_retry_from_the_page_reruns_the_failed_node(
+        open_page: Callable[..., Watched], server: Server, executor: Executor, tmp_path: Path) -> None:
+    if not server_has(server, "post", "/runs/{runId}/retry"):
+        pytest.skip("this server has no POST /api/v1/runs/{runId}/retry yet")
+    flow = {"name": "flaky", "nodes": [
+        {"id": "a", "type": "noop", "input": {"v": 1}},
+        {"id": "b", "type": "python", "input": {"function": "fail_first_time",
+                                                "args": {"marker": str(tmp_path / "failed-once")}}}],
+        "edges": [{"from": "a", "to": "b"}]}
+    run_id = executor.run(write_flow(tmp_path, flow))
+    assert snapshot(server, run_id)["run"]["status"] == "failed"
+    ui = open_page(f"#/runs/{run_id}")
+    page = ui.page
+    expect(node(page, "b")).to_have_class(status_class("failed"))
+    page.get_by_role("button", name="Retry failed nodes").click()
+    expect(page.locator(".actions .outcome")).to_contain_text("retry accepted")
+    retried = [e for e in events(server, run_id) if e["type"] == "flow:resumed"]
+    assert len(retried) == 1
+    expect(page.locator(f'.timeline li.ev[data-seq="{retried[0]["seq"]}"]')).to_contain_text("retried")
+    ui.assert_clean()
+
+
+def test_a_failed_run_retried_elsewhere_goes_on_live_on_its_open_page(
+        open_page: Callable[..., Watched], server: Server, executor: Executor, tmp_path: Path) -> None:
+    flow = {"name": "flaky", "nodes": [
+        {"id": "a", "type": "noop", "input": {"v": 1}},
+        {"id": "b", "type": "python", "input": {"function": "fail_first_time",
+                                                "args": {"marker": str(tmp_path / "failed-once")}}}],
+        "edges": [{"from": "a", "to": "b"}]}
+    run_id = executor.run(write_flow(tmp_path, flow))
+    ui = open_page(f"#/runs/{run_id}")
+    page = ui.page
+    expect(page.locator(".run-head .badge")).to_have_text("failed")
+    expect(page.locator(".stream-state")).to_have_text("finished")
+    page.evaluate("window.__same_page = true")
+
+    executor.retry(run_id)  # from a terminal: `flowkernel retry RUN`
+    expect(page.locator(".run-head .badge")).to_have_text("completed")
+    expect(node(page, "b")).to_have_class(status_class("done"))
+    expect(page.locator(".stream-state")).to_have_text("finished")
+    retried = next(e for e in events(server, run_id) if e["type"] == "flow:resumed")
+    expect(page.locator(f'.timeline li.ev[data-seq="{retried["seq"]}"]')).to_contain_text("retried")
+    assert page.evaluate("window.__same_page") is True
+    seqs = [int(s) for s in page.locator(".timeline li.ev[data-seq]").evaluate_all("els => els.map(e => e.dataset.seq)")]
+    assert sorted(seqs) == list(range(1, len(events(server, run_id)) + 1))  # every event, once
     ui.assert_clean()
 
 

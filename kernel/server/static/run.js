@@ -152,18 +152,36 @@ export class RunPage {
 
   // -- the stream ------------------------------------------------------------------------------
 
-  follow() {
+  /** Follow the stream after event `after`. The stream ends with flow:complete, but a failed run can
+   * go on (retry or resume, from this page or anywhere else): then the page keeps listening after
+   * the end, and says "live" again only when something arrives. */
+  follow(after = 0) {
+    let ended = null;
+    let quiet = after > 0;
     followStream(this.runId, {
-      after: 0,
+      after,
       signal: this.abort.signal,
-      onEvent: (event) => this.onEvent(event),
-      onState: (state, error) => {
-        const text = { open: "● live", reconnecting: "reconnecting…", closed: "finished", error: "stream refused" }[state];
-        this.streamState.textContent = text;
-        this.streamState.className = `stream-state stream-${state}`;
-        if (state === "error" && error) this.streamState.title = error.message;
+      onEvent: (event) => {
+        if (quiet) {
+          quiet = false;
+          this.showStreamState("open");
+        }
+        if (event.type === "flow:complete") ended = event;
+        this.onEvent(event);
       },
+      onState: (state, error) => {
+        if (!(quiet && state === "open")) this.showStreamState(state, error);
+      },
+    }).then(() => {
+      if (ended && ended.status === "failed" && !this.abort.signal.aborted) this.follow(ended.seq);
     });
+  }
+
+  showStreamState(state, error = null) {
+    const text = { open: "● live", reconnecting: "reconnecting…", closed: "finished", error: "stream refused" }[state];
+    this.streamState.textContent = text;
+    this.streamState.className = `stream-state stream-${state}`;
+    if (state === "error" && error) this.streamState.title = error.message;
   }
 
   onEvent(event) {
