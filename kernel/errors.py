@@ -7,6 +7,7 @@ Every error says what is wrong, where (JSON path, node id, run id) and what to d
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 
 class FlowkernelError(Exception):
@@ -99,9 +100,10 @@ class LeaseLostError(FlowkernelError):
 class NodeFailure(FlowkernelError):
     """Raised by node types for an expected failure; ``error_type`` lands in ``node:error``."""
 
-    def __init__(self, message: str, error_type: str = "node_error") -> None:
+    def __init__(self, message: str, error_type: str = "node_error", details: Any = None) -> None:
         super().__init__(message)
         self.error_type = error_type
+        self.details = details  # JSON for ``node:error`` ``details`` (what a program needs beyond the message)
 
 
 class ExpressionError(FlowkernelError):

@@ -665,10 +665,13 @@ TRACEBACK_FRAMES = 30  # the innermost ones: where the code that failed was
 TRACEBACK_CHARS = 16_000
 
 
-def _traceback(exc: Exception, timeout_ms: int | None) -> dict[str, str] | None:
+def _traceback(exc: Exception, timeout_ms: int | None) -> Any:
     """``{"traceback": ...}`` for an exception no node type raised on purpose (a bug in a function, a
     tool, a plugin): the message alone rarely says where. Expected failures (NodeFailure, timeouts,
-    flowkernel's own errors) carry their meaning in the message."""
+    flowkernel's own errors) carry their meaning in the message, and a NodeFailure its own details
+    (a fixture mismatch: the differing paths)."""
+    if isinstance(exc, NodeFailure):
+        return exc.details
     if isinstance(exc, FlowkernelError) or (isinstance(exc, TimeoutError) and timeout_ms):
         return None
     import traceback

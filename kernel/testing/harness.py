@@ -14,7 +14,7 @@ from typing import Any
 
 import anyio
 from flowkernel.api import Kernel
-from flowkernel.events import Event
+from flowkernel.events import Event, NodeComplete, NodeError
 from flowkernel.fixtures import MockQuery
 from flowkernel.registry import Registry, default_registry
 from flowkernel.snapshot import RunSnapshot
@@ -22,7 +22,23 @@ from flowkernel.store.base import Store
 from flowkernel.store.memory import MemoryStore
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """A node run that failed for good: its node, forEach item, error type and message, and for a
+    fixture mismatch the differing request paths (``[{path, recorded, live}]``, values as JSON text)."""
+
+    node: str
+    item: int | None
+    error_type: str
+    message: str
+    diff: list[dict[str, str]] | None = None
+
+    def __str__(self) -> str:
+        where = self.node if self.item is None else f"{self.node}[{self.item}]"
+        return f"{where}: {self.error_type}: {self.message}"
+
+
+@dataclass(repr=False, slots=True)
 class FlowResult:
     """A finished (or stopped) run: its events, snapshot, outputs, agent messages and tool calls."""
 
@@ -43,6 +59,48 @@ class FlowResult:
     @property
     def outputs(self) -> dict[str, Any]:
         return self.snapshot.outputs
+
+    @property
+    def error(self) -> str | None:
+        """Why the run failed (or was aborted); None otherwise."""
+        return self.snapshot.error
+
+    @property
+    def failures(self) -> list[Failure]:
+        """The node runs that failed and were not done again since (a retry that succeeded, a loop
+        pass that completed), in the order they failed."""
+        last: dict[tuple[str, int | None], Failure] = {}
+        for ev in self.events:
+            if ev.nodeId is None:
+                continue
+            key = (ev.nodeId, getattr(ev, "item", None))
+            if isinstance(ev, NodeError) and not ev.willRetry:
+                last.pop(key, None)  # re-inserted: ordered by when it failed last
+                diff = ev.details.get("diff") if isinstance(ev.details, dict) else None
+                last[key] = Failure(ev.nodeId, key[1], ev.errorType, ev.message,
+                                    diff if isinstance(diff, list) else None)
+            elif isinstance(ev, NodeComplete):
+                last.pop(key, None)
+        return list(last.values())
+
+    def assert_completed(self) -> FlowResult:
+        """Raise AssertionError unless the run completed, saying why: each failure with its message
+        (a fixture mismatch's shows the differing paths), what a waiting run waits for, a pause's reason."""
+        if self.status == "completed":
+            return self
+        failures = self.failures
+        # The run's error repeats its failed node's message: each failure is shown instead.
+        why = f": {self.error}" if self.error and not failures else ""
+        lines = [f"run {self.run_id} is {self.status}, not completed{why}"]
+        lines += [f"  {failure}".replace("\n", "\n    ") for failure in failures]
+        for node, waiting in sorted(self.snapshot.waiting.items()):
+            lines.append(f"  {node} waits for a reply (node run {waiting.runId}): {waiting.prompt!r}")
+        raise AssertionError("\n".join(lines))
+
+    def __repr__(self) -> str:
+        # What pytest prints beside a failed ``assert result.status == "completed"``: say why.
+        why = f": {self.error}" if self.error else ""
+        return f"<FlowResult {self.run_id} {self.status}{why}>"
 
     def types(self, node: str | None = None) -> list[str]:
         return event_types(self.events, node=node)
@@ -85,8 +143,10 @@ def make_kernel(fixtures: str | Path | None = None, *, store: Store | None = Non
 
 
 async def arun_flow(flow: str | Path | dict[str, Any], input: Any = None, *, fixtures: str | Path | None = None,
-                    replies: Sequence[Any] = (), kernel: Kernel | None = None, **options: Any) -> FlowResult:
-    """Run a flow file (or document) to its end; ``replies`` answer waiting nodes in order."""
+                    replies: Sequence[Any] = (), kernel: Kernel | None = None, check: bool = False,
+                    **options: Any) -> FlowResult:
+    """Run a flow file (or document) to its end; ``replies`` answer waiting nodes in order. ``check``:
+    raise AssertionError saying why unless it completed (``FlowResult.assert_completed``)."""
     k = kernel or make_kernel(fixtures, **options)
     compiled = k.compile(flow) if isinstance(flow, dict) else k.load_flow(flow)
     snap = await k.run(compiled, input)
@@ -94,7 +154,8 @@ async def arun_flow(flow: str | Path | dict[str, Any], input: Any = None, *, fix
     while snap.status == "waiting" and pending:
         node = sorted(snap.waiting)[0]
         snap = await k.reply(snap.runId, snap.waiting[node].runId, pending.pop(0))
-    return _result(k, snap)
+    result = _result(k, snap)
+    return result.assert_completed() if check else result
 
 
 def run_flow(flow: str | Path | dict[str, Any], input: Any = None, **options: Any) -> FlowResult:
