@@ -12,12 +12,18 @@ mapped onto that primitive so each table row has a floor figure:
   state row and does one more step.
 * S4: 3 steps per iteration; the floor persists only the delta, so its bytes per
   transition stay flat while the state grows.
+* N1(n): as S1 (whatever a step appends, the floor writes 200 bytes); N1 through the CLI is the
+  same loop in a fresh process, timed from spawn to exit.
+* N2(iterations): as S4, 3 steps per iteration.
+* S5: the single-stream rate, ``runs * steps`` steps one after the other (SQLite serialises writers);
+  on PostgreSQL (``FLOWKERNEL_TEST_PG``) the same loop over psycopg.
 
-Run as a script (``floor.py s3-resume DB STEPS``) it is the S3 fresh-process side.
+Run as a script (``floor.py s3-resume DB STEPS`` / ``floor.py steps DB N``) it is the fresh-process side.
 """
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import sys
 from pathlib import Path
@@ -178,8 +184,102 @@ def s4(iterations: int = measure.S4_ITERATIONS) -> Metrics:
     return measure.s4_metrics(before, iterations, per_iter, sw)
 
 
+def n1(n: int) -> Metrics:
+    """The floor of a natural chain is the floor of any chain."""
+    return s1(n)
+
+
+def n1_cli(n: int) -> Metrics:
+    """``n`` steps in a fresh process (interpreter start included), spawn to exit."""
+    with measure.fresh_db() as db:
+        with Stopwatch() as sw:
+            measure.run_fresh_process([sys.executable, str(Path(__file__).resolve()), "steps", str(db), str(n)])
+        conn = _open(db)
+        try:
+            _check(conn, n)
+        finally:
+            conn.close()
+        db_bytes = measure.db_footprint(db)
+        db_bytes_checkpointed = measure.checkpointed_size(db)
+    return {"us_per_step": sw.us / n, "total_ms": sw.ms, "db_bytes": db_bytes,
+            "db_bytes_checkpointed": db_bytes_checkpointed}
+
+
+def _steps(db: Path, n: int) -> None:
+    conn = _open(db)
+    _init(conn)
+    for i in range(1, n + 1):
+        _step(conn, i)
+    conn.close()
+    measure.report_child_metrics({})
+
+
+def n2(iterations: int) -> Metrics:
+    """3 steps per iteration, like S4."""
+    steps = iterations * measure.S4_NODES_PER_ITERATION
+    with measure.fresh_db() as db:
+        conn = _open(db)
+        try:
+            _init(conn)
+            with Stopwatch() as sw:
+                for i in range(1, steps + 1):
+                    _step(conn, i)
+            _check(conn, steps)
+            db_bytes = measure.db_footprint(db)
+            db_bytes_checkpointed = measure.checkpointed_size(db)
+        finally:
+            conn.close()
+    return {"us_per_iteration": sw.us / iterations, "total_ms": sw.ms, "db_bytes": db_bytes,
+            "db_bytes_checkpointed": db_bytes_checkpointed}
+
+
+def s5(runs: int = measure.S5_RUNS, steps: int = measure.S5_STEPS) -> Metrics:
+    """The single-stream rate: ``runs * steps`` durable steps one after the other."""
+    total = runs * steps
+    with measure.fresh_db() as db:
+        conn = _open(db)
+        try:
+            _init(conn)
+            with Stopwatch() as sw:
+                for i in range(1, total + 1):
+                    _step(conn, i)
+            _check(conn, total)
+        finally:
+            conn.close()
+    return {"transitions_per_s": total / sw.seconds, "total_ms": sw.ms}
+
+
+def s5_pg(runs: int = measure.S5_RUNS, steps: int = measure.S5_STEPS) -> Metrics:
+    """The same single stream on PostgreSQL (one transaction per step, fsync'd by the server)."""
+    import psycopg
+
+    url = os.environ["FLOWKERNEL_TEST_PG"]
+    total = runs * steps
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("DROP TABLE IF EXISTS bench_floor_events")
+        conn.execute("DROP TABLE IF EXISTS bench_floor_state")
+        conn.execute("CREATE TABLE bench_floor_events (id BIGSERIAL PRIMARY KEY, run_id TEXT, step INT, payload TEXT)")
+        conn.execute("CREATE TABLE bench_floor_state (run_id TEXT PRIMARY KEY, step INT, payload TEXT)")
+        conn.execute("INSERT INTO bench_floor_state VALUES (%s, 0, %s)", (RUN_ID, measure.payload(0, ROW_BYTES)))
+        try:
+            with Stopwatch() as sw:
+                for i in range(1, total + 1):
+                    row = measure.payload(i, ROW_BYTES)
+                    with conn.transaction():
+                        conn.execute("INSERT INTO bench_floor_events (run_id, step, payload) VALUES (%s, %s, %s)",
+                                     (RUN_ID, i, row))
+                        conn.execute("UPDATE bench_floor_state SET step = %s, payload = %s WHERE run_id = %s",
+                                     (i, row, RUN_ID))
+        finally:
+            conn.execute("DROP TABLE bench_floor_events")
+            conn.execute("DROP TABLE bench_floor_state")
+    return {"transitions_per_s": total / sw.seconds, "total_ms": sw.ms}
+
+
 if __name__ == "__main__":
     if len(sys.argv) == 4 and sys.argv[1] == "s3-resume":
         _s3_resume(Path(sys.argv[2]), int(sys.argv[3]))
+    elif len(sys.argv) == 4 and sys.argv[1] == "steps":
+        _steps(Path(sys.argv[2]), int(sys.argv[3]))
     else:
-        sys.exit(f"usage: {sys.argv[0]} s3-resume DB STEPS")
+        sys.exit(f"usage: {sys.argv[0]} s3-resume DB STEPS | steps DB N")

@@ -54,7 +54,55 @@ S4_WINDOW = 10
 S4_EARLY_ITERATION = 10
 S4_NODES_PER_ITERATION = 3
 
+# The natural scenarios (issue 13): N1 a chain of ``state.set`` appends, N2 a 3-node loop whose
+# agent-like node returns its whole, growing transcript. Growth exponents are taken between the sizes.
+N1_SIZES: tuple[int, ...] = (1000, 3000)
+N1_SIZES_QUICK: tuple[int, ...] = (200, 600)
+N2_SIZES: tuple[int, ...] = (1000, 3000)
+N2_SIZES_QUICK: tuple[int, ...] = (200, 600)
+# S5: many runs executing at once in one process (the shape of a worker).
+S5_RUNS = 100
+S5_STEPS = 20
+# The scheduler at scale (in memory, CPU only): a quarter of the size, then the full size.
+FANOUT_SIZES: tuple[int, ...] = (2000, 8000)
+FANOUT_SIZES_QUICK: tuple[int, ...] = (500, 2000)
+FOREACH_SIZES: tuple[int, ...] = (5000, 20000)
+FOREACH_SIZES_QUICK: tuple[int, ...] = (1000, 4000)
+# A model streaming text: deltas, and the pause between two of them (faster than any model streams).
+DELTAS = 10_000
+DELTAS_QUICK = 2_000
+DELTA_PACE_S = 0.0005
+STARTUP_RUNS = 10
 
+
+class Skipped(Exception):
+    """A system does not run this case (the reason is shown under the table)."""
+
+
+class CpuClock:
+    """``with CpuClock() as c: ...`` then ``c.seconds``: this process's CPU time (user + system)."""
+
+    def __init__(self) -> None:
+        self._start = 0.0
+        self.seconds = 0.0
+
+    def __enter__(self) -> CpuClock:
+        self._start = time.process_time()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.seconds = time.process_time() - self._start
+
+
+def spawn_ms(argv: Sequence[str], runs: int, **kwargs: object) -> float:
+    """Median wall time of ``runs`` spawns of ``argv`` (spawn to exit, output discarded)."""
+    times = []
+    for _ in range(runs):
+        with Stopwatch() as sw:
+            subprocess.run(list(argv), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True,
+                           **kwargs)  # type: ignore[call-overload]
+        times.append(sw.ms)
+    return median(times)
 
 
 def ensure_installed() -> None:

@@ -1,13 +1,17 @@
 """Benchmark entry point: every available system, scenario by scenario, side by side.
 
     python scripts/bench/run.py [--repeat 5] [--quick] [--systems floor,langgraph,flowkernel]
+                                [--only S1,N1,...]
 
-Systems are modules in this folder (see ``SYSTEMS``) exporting the scenario functions
+Systems are modules in this folder (see ``SYSTEMS``; a system may span several modules) exporting
+scenario functions, among them
 
     s1(n: int) -> dict[str, float]            # chain of n nodes
     s2(branches: int = 50) -> dict[str, float]
     s3(steps: int = 200) -> dict[str, float]
     s4(iterations: int = 1000) -> dict[str, float]
+    n1(n), n1_cli(n), n2(iterations), s5(runs, steps), s5_pg(...), fanout(n), foreach(n),
+    deltas(), live(), startup()               # see README.md for what each measures
 
 each returning the figures of ONE repetition (keys listed in ``METRICS``; unknown extra keys
 are shown too). A module that fails to import is reported as "NAME: not available (reason)"
@@ -44,45 +48,53 @@ from measure import Metrics, ScenarioFn, Stopwatch, fmt_number, fmt_ratio
 @dataclass(frozen=True)
 class SystemSpec:
     name: str
-    module: str
+    modules: tuple[str, ...]  # the first is required; the others add scenarios when they import
     short: str  # column tag used in ratio headers
 
 
 SYSTEMS: tuple[SystemSpec, ...] = (
-    SystemSpec("floor", "floor", "floor"),
-    SystemSpec("langgraph", "peers", "lg"),
-    SystemSpec("flowkernel", "flowkernel_side", "fk"),
+    SystemSpec("floor", ("floor",), "floor"),
+    SystemSpec("langgraph", ("peers", "peers_natural"), "lg"),
+    SystemSpec("flowkernel", ("flowkernel_side", "flowkernel_natural", "flowkernel_scale"), "fk"),
 )
-SCENARIO_FUNCS = ("s1", "s2", "s3", "s4")
+SCENARIO_FUNCS = ("s1", "s2", "s3", "s4", "n1", "n1_cli", "n2", "s5", "s5_pg", "fanout", "foreach", "deltas",
+                  "live", "startup")
 HERE = Path(__file__).resolve().parent
 
 
 @dataclass
 class System:
     spec: SystemSpec
-    module: ModuleType
+    modules: list[ModuleType]
     description: str
     funcs: dict[str, ScenarioFn]
 
 
 def load_system(spec: SystemSpec) -> System | str:
     """The loaded system, or the reason it is not available."""
-    if not (HERE / f"{spec.module}.py").exists() and not (HERE / spec.module).is_dir():
-        return f"scripts/bench/{spec.module}.py not present"
-    try:
-        module = importlib.import_module(spec.module)
-    except Exception as exc:
-        return f"{type(exc).__name__}: {exc}"
+    modules: list[ModuleType] = []
+    for i, name in enumerate(spec.modules):
+        if not (HERE / f"{name}.py").exists() and not (HERE / name).is_dir():
+            if i == 0:
+                return f"scripts/bench/{name}.py not present"
+            continue
+        try:
+            modules.append(importlib.import_module(name))
+        except Exception as exc:
+            if i == 0:
+                return f"{type(exc).__name__}: {exc}"
+            measure.progress(f"{spec.name}: {name} not available ({type(exc).__name__}: {exc})")
     funcs: dict[str, ScenarioFn] = {}
-    for name in SCENARIO_FUNCS:
-        fn = getattr(module, name, None)
-        if callable(fn):
-            funcs[name] = fn
+    for module in modules:
+        for fname in SCENARIO_FUNCS:
+            fn = getattr(module, fname, None)
+            if callable(fn) and fname not in funcs:
+                funcs[fname] = fn
     if not funcs:
-        return f"module {spec.module} exports none of {', '.join(SCENARIO_FUNCS)}"
-    describe = getattr(module, "describe", None)
-    description = str(describe()) if callable(describe) else spec.module
-    return System(spec, module, description, funcs)
+        return f"modules {', '.join(spec.modules)} export none of {', '.join(SCENARIO_FUNCS)}"
+    describe = getattr(modules[0], "describe", None)
+    description = str(describe()) if callable(describe) else spec.modules[0]
+    return System(spec, modules, description, funcs)
 
 
 # --------------------------------------------------------------------------- plan
@@ -97,14 +109,57 @@ class MetricSpec:
 
 @dataclass(frozen=True)
 class Case:
-    scenario: str  # "S1".."S4"
+    scenario: str  # "S1".."S5", "N1", "N1-CLI", "N2", "SCHED", "DELTAS", "LIVE", "STARTUP"
     label: str
-    func: str  # "s1".."s4"
+    func: str  # "s1".."s4", "n1", ...
     args: tuple[int, ...] = ()
     kwargs: dict[str, int] = field(default_factory=dict)
+    repeat: int | None = None  # at most this many measured runs (long cases)
+    group: str | None = None  # cases of one group at several sizes: growth exponents between them
+    size: int = 0
+
+
+# Growth exponents shown after the last case of each group: (metric, label).
+GROWTH: dict[str, tuple[tuple[str, str], ...]] = {
+    "s1": (("total_ms", "growth exponent of total time vs N"),
+           ("db_bytes_checkpointed", "growth exponent of checkpointed db bytes vs N")),
+    "n1": (("total_ms", "growth exponent of total time vs N"),
+           ("db_bytes_checkpointed", "growth exponent of checkpointed db bytes vs N")),
+    "n1_cli": (("total_ms", "growth exponent of total time vs N"),
+               ("db_bytes_checkpointed", "growth exponent of checkpointed db bytes vs N")),
+    "n2": (("total_ms", "growth exponent of total time vs iterations"),
+           ("db_bytes_checkpointed", "growth exponent of checkpointed db bytes vs iterations")),
+    "fanout": (("cpu_s", "growth exponent of CPU time vs branches"),),
+    "foreach": (("cpu_s", "growth exponent of CPU time vs items"),),
+}
 
 
 def metric_specs(case: Case) -> list[MetricSpec]:
+    if case.func in ("n1", "n1_cli"):
+        return [
+            MetricSpec("us_per_step", "us/step" + (" (whole process: spawn..exit / N)" if case.func == "n1_cli" else "")),
+            MetricSpec("total_ms", "total ms"),
+            MetricSpec("cpu_us_per_step", "CPU us/step", ratio=False),
+            MetricSpec("db_bytes", "db+wal bytes after run"),
+            MetricSpec("db_bytes_checkpointed", "db bytes after wal_checkpoint(TRUNCATE)"),
+        ]
+    if case.func == "n2":
+        return [
+            MetricSpec("us_per_iteration", "us/iteration (3 transitions)"),
+            MetricSpec("total_ms", "total ms"),
+            MetricSpec("cpu_us_per_iteration", "CPU us/iteration", ratio=False),
+            MetricSpec("db_bytes", "db+wal bytes after run"),
+            MetricSpec("db_bytes_checkpointed", "db bytes after wal_checkpoint(TRUNCATE)"),
+        ]
+    if case.func in ("s5", "s5_pg"):
+        return [MetricSpec("transitions_per_s", "transitions/s (floor: one stream)"),
+                MetricSpec("total_ms", "total ms")]
+    if case.func == "fanout":
+        return [MetricSpec("cpu_s", "CPU s", ratio=False), MetricSpec("cpu_us_per_node", "CPU us/node", ratio=False)]
+    if case.func == "foreach":
+        return [MetricSpec("cpu_s", "CPU s", ratio=False), MetricSpec("cpu_us_per_item", "CPU us/item", ratio=False)]
+    if case.func in ("deltas", "live", "startup"):
+        return []  # every key the function returns, as it names it
     if case.func == "s1":
         return [
             MetricSpec("us_per_step", "us/step"),
@@ -141,10 +196,13 @@ def metric_specs(case: Case) -> list[MetricSpec]:
     ]
 
 
+SCENARIOS = ("S1", "S2", "S3", "S4", "N1", "N1-CLI", "N2", "S5", "SCHED", "DELTAS", "LIVE", "STARTUP")
+
+
 def plan(quick: bool) -> list[Case]:
     sizes = measure.S1_SIZES_QUICK if quick else measure.S1_SIZES
     iterations = measure.S4_ITERATIONS_QUICK if quick else measure.S4_ITERATIONS
-    cases = [Case("S1", f"S1 chain N={n}", "s1", args=(n,)) for n in sizes]
+    cases = [Case("S1", f"S1 chain N={n}", "s1", args=(n,), group="s1", size=n) for n in sizes]
     cases.append(
         Case("S2", f"S2 fan-out {measure.S2_BRANCHES} + join", "s2", kwargs={"branches": measure.S2_BRANCHES})
     )
@@ -152,6 +210,31 @@ def plan(quick: bool) -> list[Case]:
         Case("S3", f"S3 resume after {measure.S3_STEPS} steps", "s3", kwargs={"steps": measure.S3_STEPS})
     )
     cases.append(Case("S4", f"S4 3-node loop x{iterations}", "s4", kwargs={"iterations": iterations}))
+    n1 = measure.N1_SIZES_QUICK if quick else measure.N1_SIZES
+    cases += [Case("N1", f"N1 state.set append chain N={n}, in-process", "n1", args=(n,), group="n1", size=n,
+                   repeat=3 if n > 1000 else None) for n in n1]
+    cases += [Case("N1-CLI", f"N1 state.set append chain N={n}, flowkernel run (whole process)", "n1_cli", args=(n,),
+                   group="n1_cli", size=n, repeat=3 if n > 1000 else None) for n in n1]
+    n2 = measure.N2_SIZES_QUICK if quick else measure.N2_SIZES
+    cases += [Case("N2", f"N2 3-node agent loop x{n}, growing transcript", "n2", args=(n,), group="n2", size=n,
+                   repeat=3) for n in n2]
+    s5 = {"runs": measure.S5_RUNS, "steps": measure.S5_STEPS}
+    cases.append(Case("S5", f"S5 {measure.S5_RUNS} concurrent runs x {measure.S5_STEPS} steps, SQLite", "s5",
+                      kwargs=s5))
+    if os.environ.get("FLOWKERNEL_TEST_PG"):
+        cases.append(Case("S5", f"S5 {measure.S5_RUNS} concurrent runs x {measure.S5_STEPS} steps, PostgreSQL",
+                          "s5_pg", kwargs=s5))
+    fan = measure.FANOUT_SIZES_QUICK if quick else measure.FANOUT_SIZES
+    cases += [Case("SCHED", f"fan-out of {n} branches (memory)", "fanout", args=(n,), group="fanout", size=n,
+                   repeat=3) for n in fan]
+    each = measure.FOREACH_SIZES_QUICK if quick else measure.FOREACH_SIZES
+    cases += [Case("SCHED", f"forEach over {n} items (memory)", "foreach", args=(n,), group="foreach", size=n,
+                   repeat=3) for n in each]
+    deltas = measure.DELTAS_QUICK if quick else measure.DELTAS
+    cases.append(Case("DELTAS", f"{deltas:,} agent text deltas, one per {measure.DELTA_PACE_S * 1000:g} ms",
+                      "deltas", kwargs={"n": deltas}, repeat=3))
+    cases.append(Case("LIVE", "S1 N=1000 with and without the live view", "live", repeat=5))
+    cases.append(Case("STARTUP", f"start-up (medians of {measure.STARTUP_RUNS} spawns)", "startup", repeat=1))
     return cases
 
 
@@ -194,10 +277,10 @@ def call_scenario(system: System, case: Case) -> Metrics:
 
 def run_case(case: Case, systems: Sequence[System], repeat: int, warmup: int) -> dict[str, CellResult]:
     cells = {s.spec.name: CellResult() for s in systems}
-    active = [s for s in systems if case.func in s.funcs]
-    for s in systems:
-        if case.func not in s.funcs:
-            cells[s.spec.name].error = f"no {case.func}()"
+    active = [s for s in systems if case.func in s.funcs]  # a system without the scenario shows blanks
+    if case.repeat is not None:
+        repeat = min(repeat, case.repeat)
+        warmup = min(warmup, 1 if case.repeat > 1 else 0)
     total = warmup + repeat
     for rep in range(total):
         # rotate the order each repetition so no system always runs first
@@ -211,6 +294,10 @@ def run_case(case: Case, systems: Sequence[System], repeat: int, warmup: int) ->
             try:
                 with Stopwatch() as sw:
                     metrics = call_scenario(system, case)
+            except measure.Skipped as exc:
+                cell.error = f"not run: {exc}"
+                measure.progress(f"[{case.label}] {system.spec.name}: not run ({exc})")
+                continue
             except Exception as exc:
                 cell.error = f"{type(exc).__name__}: {exc}"
                 measure.progress(traceback.format_exc())
@@ -253,7 +340,6 @@ def build_rows(
         ratios = [fmt_ratio(ratio(values.get(a), values.get(b))) if with_ratio else "" for a, b in ratio_cols]
         rows.append([scenario, label, *cells, *ratios])
 
-    s1_cases = [c for c in cases if c.func == "s1"]
     for case in cases:
         cells = results[case.label]
         specs = metric_specs(case)
@@ -270,19 +356,17 @@ def build_rows(
         for n in names:
             if cells[n].error is not None:
                 notes.append(f"{case.label} / {n}: {cells[n].error}")
-        if case is s1_cases[-1] and len(s1_cases) >= 2:
+        members = [c for c in cases if case.group is not None and c.group == case.group]
+        if len(members) >= 2 and case is members[-1]:
             rows.append([])
-            sizes = [float(c.args[0]) for c in s1_cases]
-            for key, label in (
-                ("total_ms", "growth exponent of total time vs N"),
-                ("db_bytes_checkpointed", "growth exponent of checkpointed db bytes vs N"),
-            ):
+            sizes = [float(c.size) for c in members]
+            for i, (key, label) in enumerate(GROWTH.get(case.func, ())):
                 exps: dict[str, float | None] = {}
                 for n in names:
-                    ys = [results[c.label][n].median(key) for c in s1_cases]
+                    ys = [results[c.label][n].median(key) for c in members]
                     clean = [y for y in ys if y is not None and y > 0]
                     exps[n] = measure.growth_exponent(sizes, clean) if len(clean) == len(ys) else None
-                add_row("S1 (log-log slope)" if key == "total_ms" else "", label, exps, False, True)
+                add_row(f"{case.scenario} (log-log slope)" if i == 0 else "", label, exps, False, True)
         rows.append([])
     return headers, rows, notes
 
@@ -308,7 +392,8 @@ def header_lines(
 def wall_lines(cases: Sequence[Case], results: Results, systems: Sequence[System]) -> list[str]:
     out = ["wall time spent per scenario and system (all runs incl. warm-up and set-up), s:"]
     for case in cases:
-        parts = [f"{s.spec.name} {results[case.label][s.spec.name].wall_s:.1f}" for s in systems]
+        parts = [f"{s.spec.name} {results[case.label][s.spec.name].wall_s:.1f}" for s in systems
+                 if case.func in s.funcs]
         out.append(f"  {case.label}: " + ", ".join(parts))
     return out
 
@@ -330,6 +415,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=",".join(s.name for s in SYSTEMS),
         help="comma-separated subset of: " + ", ".join(s.name for s in SYSTEMS),
     )
+    parser.add_argument("--only", default=None, metavar="S1,N1,...",
+                        help="comma-separated scenarios to run, of: " + ", ".join(SCENARIOS))
     parser.add_argument("--json", type=Path, default=None, help="also write raw samples to this file")
     args = parser.parse_args(argv)
     if args.repeat is None:
@@ -363,6 +450,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
 
     cases = plan(args.quick)
+    if args.only:
+        wanted_scenarios = {w.strip().upper() for w in args.only.split(",") if w.strip()}
+        unknown_scenarios = wanted_scenarios - set(SCENARIOS)
+        if unknown_scenarios:
+            print(f"unknown scenario(s): {', '.join(sorted(unknown_scenarios))}; known: {', '.join(SCENARIOS)}",
+                  file=sys.stderr)
+            return 2
+        cases = [c for c in cases if c.scenario in wanted_scenarios]
     results: Results = {}
     with Stopwatch() as total:
         for case in cases:

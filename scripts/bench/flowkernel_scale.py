@@ -1,0 +1,215 @@
+"""flowkernel side of the scheduler at scale, the agent delta stream and start-up.
+
+* Fan-out: ``start`` -> ``n`` ``noop`` branches -> ``join`` (gate ``all``), the flow's default
+  ``maxConcurrency`` (8), so thousands of ready branches wait for a slot. In memory (``MemoryStore``):
+  CPU time only, the scheduler's own cost.
+* forEach: ``list`` (a ``python`` node returning ``n`` integers) -> ``work`` over each item (a ``noop``
+  whose input binds the item) -> ``done``. In memory, CPU time.
+* Deltas: one ``python`` node streams ``n`` ``agent:text:delta`` events, one every ``pace`` seconds
+  (faster than any model streams), on a ``SqliteStore``: how many commits the run makes, the most in
+  any 50 ms, and the CPU per delta; the stored log is checked to hold every delta in order.
+* Start-up: ``python -c pass``, ``flowkernel run`` of a one-node flow, ``flowkernel validate`` (medians
+  of ``measure.STARTUP_RUNS`` spawns, interleaved), which heavy modules a ``run`` imports, and the time
+  from spawning ``flowkernel resume`` of a 10,000-node run paused at 50% to its first line of output.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import anyio
+import flowkernel_natural as natural
+import flowkernel_side as fk
+import measure
+from flowkernel.api import Kernel
+from flowkernel.commands import Command
+from flowkernel.context import NodeContext
+from flowkernel.events import AgentTextDelta
+from flowkernel.registry import default_registry
+from flowkernel.store.memory import MemoryStore
+from flowkernel.store.sqlite import SqliteStore
+from measure import CpuClock, Metrics, Stopwatch
+
+Document = dict[str, Any]
+
+
+def describe() -> str:
+    return "scheduler at scale (MemoryStore), agent deltas, start-up"
+
+
+def _in_memory(document: Document, registry: Any = None) -> tuple[float, Any]:
+    kernel = Kernel(MemoryStore(), registry=registry)
+    flow = kernel.compile(document)
+    with CpuClock() as cpu:
+        snap = anyio.run(kernel.run, flow, {})
+    if snap.status != "completed":
+        raise RuntimeError(f"flowkernel: {snap.status} ({snap.error})")
+    return cpu.seconds, snap
+
+
+def fanout(n: int) -> Metrics:
+    document: Document = {
+        "name": f"bench-fanout-{n}",
+        "nodes": [{"id": "start", "type": "noop", "input": {}},
+                  *({"id": f"b{i}", "type": "noop", "input": {"i": i}} for i in range(n)),
+                  {"id": "join", "type": "noop", "input": {}}],
+        "edges": [*({"from": "start", "to": f"b{i}"} for i in range(n)),
+                  *({"from": f"b{i}", "to": "join"} for i in range(n))],
+    }
+    seconds, snap = _in_memory(document)
+    if snap.nodeStatus["join"] != "done":
+        raise RuntimeError("flowkernel: the join did not run")
+    return {"cpu_s": seconds, "cpu_us_per_node": seconds * 1e6 / (n + 2)}
+
+
+def foreach(n: int) -> Metrics:
+    registry = default_registry().copy()
+    registry.add_function("numbers", lambda count: list(range(count)))
+    document: Document = {
+        "name": f"bench-foreach-{n}",
+        "nodes": [{"id": "list", "type": "python", "input": {"function": "numbers", "args": {"count": n}}},
+                  {"id": "work", "type": "noop", "input": {"value": "{{ item }}"}},
+                  {"id": "done", "type": "noop", "input": {}}],
+        "edges": [{"from": "list", "to": "work", "forEach": {"in": "list", "as": "item"}},
+                  {"from": "work", "to": "done"}],
+    }
+    seconds, snap = _in_memory(document, registry)
+    iterations = snap.outputs["work"]["iterations"]
+    if len(iterations) != n or iterations[-1] != {"item": n - 1, "output": {"value": n - 1}}:
+        raise RuntimeError("flowkernel: forEach results are not what the items gave")
+    return {"cpu_s": seconds, "cpu_us_per_item": seconds * 1e6 / n}
+
+
+def deltas(n: int = measure.DELTAS, pace: float = measure.DELTA_PACE_S) -> Metrics:
+    async def stream(ctx: NodeContext) -> str:
+        for i in range(n):
+            ctx.emit(AgentTextDelta(content=f"token {i} "))
+            await anyio.sleep(pace)
+        return "done"
+
+    registry = default_registry().copy()
+    registry.add_function("stream", stream)
+    document: Document = {"name": "bench-deltas",
+                          "nodes": [{"id": "model", "type": "python", "input": {"function": "stream"}}],
+                          "edges": []}
+    commits: list[float] = []
+    with measure.fresh_db() as db:
+        store = SqliteStore(db)
+        fk._check_pragmas(store)
+        commit = store.commit
+
+        def counted(*args: Any, **kwargs: Any) -> None:
+            commit(*args, **kwargs)
+            commits.append(time.monotonic())
+
+        store.commit = counted  # type: ignore[method-assign]
+        kernel = Kernel(store, registry=registry)
+        try:
+            flow = kernel.compile(document)
+            with Stopwatch() as sw, CpuClock() as cpu:
+                snap = anyio.run(kernel.run, flow, {})
+            if snap.status != "completed":
+                raise RuntimeError(f"flowkernel: {snap.status} ({snap.error})")
+            stored = [ev.content for ev in kernel.events(snap.runId) if isinstance(ev, AgentTextDelta)]
+            if stored != [f"token {i} " for i in range(n)]:
+                raise RuntimeError("flowkernel: the stored deltas are missing or out of order")
+        finally:
+            store.close()
+    window: deque[float] = deque()
+    busiest = 0
+    for t in commits:
+        window.append(t)
+        while window[0] <= t - 0.05:
+            window.popleft()
+        busiest = max(busiest, len(window))
+    return {"commits": len(commits), "most commits in 50 ms": busiest, "cpu_us_per_delta": cpu.seconds * 1e6 / n,
+            "wall_s": sw.seconds, "deltas": n}
+
+
+def _one_node(folder: Path) -> Path:
+    flow = folder / "one.json"
+    flow.write_text(json.dumps({"name": "one", "nodes": [{"id": "a", "type": "noop", "input": {"x": 1}}],
+                                "edges": []}))
+    return flow
+
+
+_IMPORTS = """
+import sys
+from flowkernel.cli import main
+code = main(sys.argv[1:])
+heavy = [m for m in ("networkx", "pydantic", "anthropic", "httpx") if m in sys.modules]
+print("HEAVY " + ",".join(heavy), file=sys.stderr)
+"""
+
+
+def startup(runs: int = measure.STARTUP_RUNS) -> Metrics:
+    fk._byte_compile()
+    cmd = natural.cli()
+    with measure.fresh_db() as db:
+        flow = _one_node(db.parent)
+        run = [cmd, "run", str(flow), "--db", str(db)]
+        subprocess.run(run, check=True, stdout=subprocess.DEVNULL)  # the store exists, as it would
+        samples: dict[str, list[float]] = {"python -c pass ms": [], "flowkernel run (one node) ms": [],
+                                           "flowkernel validate ms": []}
+        argvs = {"python -c pass ms": [sys.executable, "-c", "pass"], "flowkernel run (one node) ms": run,
+                 "flowkernel validate ms": [cmd, "validate", str(flow)]}
+        for _ in range(runs):  # interleaved, so a slow moment weighs on all three alike
+            for label, argv in argvs.items():
+                samples[label].append(measure.spawn_ms(argv, 1))
+        out: Metrics = {label: measure.median(v) for label, v in samples.items()}
+        pass_ms = out["python -c pass ms"]
+        out["run / python -c pass"] = out["flowkernel run (one node) ms"] / pass_ms
+        out["validate / python -c pass"] = out["flowkernel validate ms"] / pass_ms
+        probe = subprocess.run([sys.executable, "-c", _IMPORTS, "run", str(flow), "--db", str(db)],
+                               capture_output=True, text=True, check=True)
+        heavy = probe.stderr.rsplit("HEAVY ", 1)[-1].strip()
+        for module in ("networkx", "pydantic", "anthropic"):
+            out[f"run imports {module} (1 yes, 0 no)"] = float(module in heavy.split(","))
+    out.update(resume_first_line())
+    return out
+
+
+def resume_first_line(nodes: int = 10_000) -> Metrics:
+    """A chain of ``nodes`` python nodes paused after half of them; ``flowkernel resume`` is spawned and
+    timed until it prints its first line (then left to finish)."""
+    with measure.fresh_db() as db:
+        store, kernel = fk._open(db)
+        try:
+            half = nodes // 2
+
+            def step(i: int) -> None:
+                if i == half - 1:
+                    kernel._executing[run_id].deliver(Command(kind="pause", reason="benchmark"))
+
+            kernel.registry.add_function("append", step)
+            flow = kernel.compile(fk._chain_document(nodes))
+            run_id = kernel.create_run(flow, {})
+            paused = anyio.run(kernel.execute, run_id)
+            if paused.status != "paused":
+                raise RuntimeError(f"flowkernel: {paused.status}, not paused")
+        finally:
+            store.close()
+        plugin = db.parent / "bench_resume_plugin.py"
+        plugin.write_text("from flowkernel.registry import register_function\n\n"
+                          "@register_function('append')\ndef append(i: int) -> None:\n    return None\n")
+        env = {**os.environ, "PYTHONPATH": str(db.parent)}
+        argv = [natural.cli(), "--plugin", "bench_resume_plugin", "resume", run_id, "--db", str(db)]
+        firsts = []
+        for _ in range(3):
+            with Stopwatch() as sw:
+                proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+                assert proc.stdout is not None
+                line = proc.stdout.readline()
+            firsts.append(sw.ms)
+            proc.kill()
+            _, err = proc.communicate()
+            if not line:
+                raise RuntimeError(f"flowkernel resume printed nothing: {err.decode()[-2000:]}")
+    return {"resume of a 10,000-node run at 50%: first line ms": measure.median(firsts)}
