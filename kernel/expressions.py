@@ -20,16 +20,35 @@ _FUNCTIONS = (jsonata.Jsonata.JFunctionCallable, jsonata.parser.Parser.Symbol)
 _BINDING = re.compile(r"\{\{(.*?)\}\}", re.DOTALL)
 
 
+_NAME = r"[A-Za-z_][A-Za-z0-9_]*"
+_PLAIN_PATH = re.compile(rf"{_NAME}(\.{_NAME})*")
+_KEYWORDS = frozenset({"and", "or", "in", "true", "false", "null", "function"})
+_MISSING = object()
+
+
+def _plain_path(source: str) -> tuple[str, ...] | None:
+    """``("planner", "text")`` for ``planner.text``: a path of plain names, no operator, no variable."""
+    text = source.strip()
+    if not _PLAIN_PATH.fullmatch(text):
+        return None
+    keys = tuple(text.split("."))
+    return None if _KEYWORDS.intersection(keys) else keys
+
+
 class Expr:
     """One compiled JSONata expression."""
 
-    __slots__ = ("_compiled", "source")
+    __slots__ = ("_compiled", "_path", "source")
 
     def __init__(self, source: str) -> None:
         self.source = source
         self._compiled = jsonata.Jsonata(source)
         # Inputs are plain JSON already (events are JSON round-tripped), so skip the per-call walk.
         self._compiled.set_validate_input(False)
+        # Most bindings are a plain path (``planner.text``, ``agent.transcript``). Through maps it is a
+        # lookup per name, with the value JSONata gives; JSONata itself walks the whole result (it
+        # converts its null marker), which would make binding a long list cost its length.
+        self._path = _plain_path(source)
 
     @property
     def ast(self) -> Any:
@@ -37,6 +56,17 @@ class Expr:
         return self._compiled.ast
 
     def evaluate(self, context: Mapping[str, Any], variables: Mapping[str, Any] | None = None) -> Any:
+        path = self._path
+        if path is not None:
+            value: Any = context
+            for key in path:
+                if type(value) is not dict:
+                    break  # a list on the way maps the rest of the path over it: JSONata's to do
+                value = value.get(key, _MISSING)
+                if value is _MISSING:
+                    return None
+            else:
+                return value
         try:
             value = self._compiled.evaluate(context, dict(variables) if variables else None)
         except Exception as exc:  # jsonata raises bare RuntimeErrors and the odd TypeError

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import IO
 
 import msgspec
-from flowkernel.checkpoint import blob_refs, checkpoint_blobs
+from flowkernel.checkpoint import blob_refs, packed_blobs
 from flowkernel.errors import FlowkernelError, InvalidInputError, RunBusyError
 from flowkernel.ids import now_ms
 from flowkernel.store.base import Store
@@ -103,7 +103,7 @@ def prune(store: Store, *, older_than_ms: int, statuses: Sequence[str] = STOPPED
                     events += got[1]
             report.events += events
             for skeleton in skeletons:
-                candidates.update(checkpoint_blobs(skeleton, sql.read_blobs))
+                candidates.update(packed_blobs(skeleton, sql.read_blobs))
         if progress is not None and time.monotonic() - started > 1.0:
             progress(f"prune: {report.runs} runs ({report.childRuns} child runs, {report.events} events) "
                      f"{'found' if dry_run else 'deleted'} so far")
@@ -114,30 +114,40 @@ def prune(store: Store, *, older_than_ms: int, statuses: Sequence[str] = STOPPED
 
 
 def _blobs_in_use(sql: SqlStore, candidates: set[str], page: int = 500) -> set[str]:
-    """Which of ``candidates`` a remaining run's checkpoint still reaches."""
+    """Which of ``candidates`` a remaining run still reaches: from its checkpoint, or from an event of
+    its stored packed (a large payload that refers to blobs)."""
     used: set[str] = set()
     seen: set[str] = set()
+
+    def reach(wanted: set[str]) -> None:
+        # Nested blobs: a blob can hold references to others (a chunked list inside a large object).
+        while wanted - seen:
+            fresh = wanted - seen
+            seen.update(fresh)
+            used.update(fresh & candidates)
+            nested: set[str] = set()
+            for body in sql.read_blobs(sorted(fresh)).values():
+                if b'"$' in body:  # no marker, no reference: skip decoding leaf values
+                    blob_refs(msgspec.json.decode(body), nested)
+            wanted = nested
+
     after = ""
-    while True:
-        rows = sql.checkpoint_page(after, page)
-        if not rows:
-            return used
+    while rows := sql.checkpoint_page(after, page):
         after = rows[-1][0]
         wanted: set[str] = set()
         for _, skeleton in rows:
             data = msgspec.json.decode(skeleton)
             blob_refs(data.get("state"), wanted)
             blob_refs(data.get("outputs"), wanted)
-        # Nested blobs: a blob can hold references to others (a chunked list inside a large object).
-        while wanted - seen:
-            fresh = wanted - seen
-            seen |= fresh
-            used |= fresh & candidates
-            nested: set[str] = set()
-            for body in sql.read_blobs(sorted(fresh)).values():
-                if b'"$' in body:  # no marker, no reference: skip decoding leaf values
-                    blob_refs(msgspec.json.decode(body), nested)
-            wanted = nested
+        reach(wanted)
+    key = -1
+    while events := sql.packed_event_page(key, page):
+        key = events[-1][0]
+        wanted = set()
+        for _, body in events:
+            blob_refs(msgspec.json.decode(body), wanted)
+        reach(wanted)
+    return used
 
 
 # -- export and import -----------------------------------------------------------------------
@@ -165,7 +175,7 @@ def export_runs(store: Store, run_ids: Sequence[str], out: IO[bytes], *, with_ch
         ordered = list(dict.fromkeys([*ordered, *sql.descendants(ordered)]))
     started = time.monotonic()
     for n, run_id in enumerate(ordered, 1):
-        archive = sql.export_run(run_id, checkpoint_blobs)
+        archive = sql.export_run(run_id, packed_blobs)
         out.write(_encoder.encode(_Line(format=FORMAT, schemaVersion=SCHEMA_VERSION, archive=archive)) + b"\n")
         if progress is not None and time.monotonic() - started > 1.0 and n % 100 == 0:
             progress(f"export: {n} of {len(ordered)} runs written")

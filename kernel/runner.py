@@ -47,6 +47,7 @@ from flowkernel.events import (
 from flowkernel.expressions import is_constant
 from flowkernel.ids import new_node_run_id
 from flowkernel.node import Interrupted, WaitFor
+from flowkernel.packing import LEAF, PACKED_PREFIX, Packer
 from flowkernel.reducer import ALL, apply, own
 from flowkernel.registry import Registry
 from flowkernel.scheduling import decide
@@ -120,6 +121,7 @@ class RunExecution:
         self._finished_commands: list[tuple[int, int]] = []
         self._bytes_since_checkpoint = 0
         self._checkpoint_size = checkpoint_size
+        self._packer = Packer()  # large payloads and checkpoints, packed in proportion to what changed
         self._pause = False
         self._pause_event = anyio.Event()
         self._yielded = time.monotonic()
@@ -360,8 +362,14 @@ class RunExecution:
         draft.seq = snap.seq + 1
         draft.timestamp = int(time.time() * 1000)  # ids.now_ms, inlined: this runs for every event
         draft.flowRunId = snap.runId
+        fields = _PAYLOADS.get(type(draft))
+        large = [f for f in fields if _large(getattr(draft, f))] if fields is not None else None
         try:
-            body = _encode(draft)
+            if large:
+                body, event = self._pack(draft, large)
+            else:
+                body = _encode(draft)
+                event = draft if _json_already(draft) else decode(body)
         except (TypeError, msgspec.EncodeError) as exc:
             if isinstance(draft, NodeComplete):
                 draft = NodeError(nodeId=draft.nodeId, runId=draft.runId, item=draft.item,
@@ -369,7 +377,6 @@ class RunExecution:
                                   attempt=snap.attempts.get(draft.nodeId or "", 1))
                 return self._append(draft)
             raise
-        event = draft if _json_already(draft) else decode(body)
         if self._agents is not None and type(event) in FOLDED:
             self._agents.apply(snap, event)  # before the reducer, which changes ``snap`` in place
         done = self._patched.pop(id(draft), None) if self._patched else None
@@ -392,6 +399,21 @@ class RunExecution:
         self._applied.append(event)
         self._bytes_since_checkpoint += len(body)
         return event
+
+    def _pack(self, draft: BaseEvent, fields: list[str]) -> tuple[bytes, BaseEvent]:
+        """The stored body of an event with large payload ``fields`` (they refer to blobs: a transcript
+        that grew by one message costs that message, not the transcript), and the event to apply,
+        whose payloads are rebuilt from the packer's own objects (as a JSON round trip would give)."""
+        packer = self._packer
+        packed = {f: packer.pack_inline(getattr(draft, f)) for f in fields}
+        skeleton = _encode(replace(draft, **packed))
+        event = decode(skeleton)
+        resolver = packer.resolver()
+        for f in fields:
+            value = resolver.unpack(getattr(event, f))
+            packer.remember(value, packed[f])
+            setattr(event, f, value)
+        return PACKED_PREFIX + skeleton[1:], event
 
     # What the shell keeps track of besides the snapshot: node runs in flight, and the last event of
     # each kind of decision (what ``cause`` points at).
@@ -498,13 +520,15 @@ class RunExecution:
             return
         checkpoint = None
         stopped = self.snap.status != "running"
-        blobs: dict[str, bytes] | None = None
         if stopped or self._bytes_since_checkpoint >= max(CHECKPOINT_SPACING * self._checkpoint_size,
                                                           CHECKPOINT_MIN_BYTES):
-            checkpoint, blobs = encode_checkpoint(self.snap)
-            # Space compactions by the snapshot's whole size, not the skeleton's: encoding walks it all.
+            # The packer knows every value and block packed before: a checkpoint costs its skeleton and
+            # what is new, so they are spaced by that.
+            checkpoint, blobs = encode_checkpoint(self.snap, self._packer)
             self._checkpoint_size = len(checkpoint) + sum(len(b) for b in blobs.values())
             self._bytes_since_checkpoint = 0
+        else:
+            blobs = self._packer.take_blobs()  # those of packed events
         self._patched.clear()  # patches that never reached _append (dropped as stale)
         rows, applied, waiters = self._rows, self._applied, self._waiters
         self._rows, self._applied, self._waiters = [], [], []
@@ -515,7 +539,7 @@ class RunExecution:
         totals = None if snap.usage is self._usage_stored else RunTotals(snap.usage, snap.totalCostUsd)
         agent_runs = self._agents.changed() if self._agents is not None else ()
         try:
-            self.store.commit(snap.runId, rows, snap.status, snap.seq, snap.error, checkpoint, blobs,
+            self.store.commit(snap.runId, rows, snap.status, snap.seq, snap.error, checkpoint, blobs or None,
                               lease=self._lease, release=release, taken=taken, totals=totals,
                               agent_runs=agent_runs)
             self._usage_stored = snap.usage
@@ -658,6 +682,24 @@ def _json_already(draft: BaseEvent) -> bool:
 
 
 _encode = encoder.encode
+
+# Fields of events that carry a node's data, and when that data is large enough to pack (a long list,
+# or a long string, at most three levels down: a transcript in an output, a history in an input's args).
+_PAYLOADS: dict[type[BaseEvent], tuple[str, ...]] = {
+    NodeStart: ("input",), NodeComplete: ("output",), StatePatch: ("value",), EdgeFire: ("items",),
+    NodeWaiting: ("prompt",),
+}
+_LONG_LIST = 2 * LEAF
+_LONG_STRING = 4096
+
+
+def _large(value: Any, depth: int = 0) -> bool:
+    t = type(value)
+    if t is list or t is tuple:
+        return len(value) > _LONG_LIST or (depth < 2 and any(_large(v, depth + 1) for v in value))
+    if t is dict:
+        return depth < 2 and any(_large(v, depth + 1) for v in value.values())
+    return t is str and len(value) >= _LONG_STRING
 _NOTHING: frozenset[str] = frozenset()
 
 

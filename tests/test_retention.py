@@ -273,3 +273,37 @@ async def test_prune_deletes_old_stopped_runs_with_children_and_unshared_blobs_a
     assert bad.returncode == 2 and b"--older-than 'soon'" in bad.stderr and b"Traceback" not in bad.stderr
     bad = fk(clean_env, tmp_path, "prune", "--older-than", "1d", "--status", "done", "--db", db)
     assert bad.returncode == 2 and b"--status 'done'" in bad.stderr
+
+
+@pytest.mark.no_audit  # hand-made rows: no flow to replay them with
+def test_blobs_an_event_stored_packed_reaches_are_kept_by_prune_and_carried_by_export(db: str) -> None:
+    # A large payload of an event is stored packed: the event's body refers to blobs. Here the kept
+    # run's events reach blob k1 (its checkpoint does not); the pruned run's checkpoint reaches k1 and k2.
+    from io import BytesIO
+
+    from flowkernel.packing import PACKED_PREFIX
+    from flowkernel.retention import prune
+    from flowkernel.store.base import RunRecord
+
+    store = open_store(db, create=True)
+    try:
+        store.put_flow("h1", "f", '{"name": "f", "nodes": [], "edges": []}')
+        leaf = json.dumps(["x" * 600]).encode()
+        blobs = {"k1": json.dumps({"$keys": ["k3"]}).encode(), "k2": b'"old"', "k3": leaf}
+        packed = PACKED_PREFIX + b'"type":"node:complete","seq":1,"output":{"$chunks":["k1"],"$tail":[]}}'
+        kept = RunRecord(runId="run_kept", flowName="f", flowHash="h1", status="waiting", seq=1, input={},
+                         createdAt=1000, updatedAt=1000)
+        store.create_run(kept, [(1, 1000, packed)], b'{"state":{},"outputs":{}}', blobs)
+        gone = RunRecord(runId="run_gone", flowName="f", flowHash="h1", status="completed", seq=1, input={},
+                         createdAt=1000, updatedAt=1000)
+        store.create_run(gone, [(1, 1000, b'{"type":"flow:start","seq":1}')],
+                         b'{"state":{"a":{"$blob":"k2"}},"outputs":{"n":{"$chunks":["k1"],"$tail":[]}}}')
+        report = prune(store, older_than_ms=1000)
+        assert report.runs == 1 and report.blobs == 1  # k2 only: k1 and the block under it are in use
+        assert set(store.read_blobs(["k1", "k2", "k3"])) == {"k1", "k3"}
+        out = BytesIO()
+        export_runs(store, ["run_kept"], out)
+        archive = json.loads(out.getvalue())["archive"]
+        assert set(archive["blobs"]) == {"k1", "k3"}
+    finally:
+        store.close()

@@ -3,7 +3,8 @@ the queue of runs and the workers that execute them.
 
 A run's snapshot is stored as a checkpoint plus the events after it; ``commit`` appends events and
 updates the run row in one transaction, and writes a new checkpoint only when asked (compaction),
-so a transition costs what changed, not the size of the run.
+so a transition costs what changed, not the size of the run. Blobs are content-addressed and shared:
+checkpoints refer to them, and so do the stored bodies of events with large payloads.
 
 One execution at a time: a run is executed under a **lease** (owner, epoch, expiry). Every grant
 of a lease gives it a new epoch, and every commit of an execution names the lease it holds: the
@@ -177,7 +178,10 @@ class Store(Protocol):
         ``agent_runs``: the run's agent runs these events started or changed."""
         ...
     def read_blobs(self, keys: Iterable[str]) -> dict[str, bytes]: ...
-    def read_events(self, run_id: str, after: int = 0, until: int | None = None) -> list[bytes]: ...
+    def read_events(self, run_id: str, after: int = 0, until: int | None = None) -> list[bytes]:
+        """Event bodies in seq order, whole: a body stored packed (``flowkernel.packing.PACKED_PREFIX``:
+        large payloads refer to blobs committed with it) is resolved before it is returned."""
+        ...
     def read_checkpoint(self, run_id: str, at_most: int | None = None) -> tuple[int, bytes] | None: ...
     def last_seqs(self, run_ids: Sequence[str]) -> dict[str, int]:
         """The seq of each run's last committed event (runs that do not exist are left out)."""

@@ -10,6 +10,7 @@ from typing import Any
 from flowkernel.errors import LeaseLostError, StoreError, UnknownRunError
 from flowkernel.events import USAGE_KEYS
 from flowkernel.ids import now_ms
+from flowkernel.packing import resolve_bodies
 from flowkernel.store.base import (
     AgentRun,
     Claim,
@@ -154,7 +155,7 @@ class MemoryStore:
     def read_events(self, run_id: str, after: int = 0, until: int | None = None) -> list[bytes]:
         self.get_run(run_id)
         log = self._events[run_id]
-        return log[after:until]
+        return resolve_bodies(log[after:until], self.read_blobs)
 
     def last_seqs(self, run_ids: Sequence[str]) -> dict[str, int]:
         return {r: len(self._events[r]) for r in run_ids if r in self._events}

@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 from flowkernel.errors import LeaseLostError, StoreError, UnknownRunError
 from flowkernel.events import USAGE_KEYS
 from flowkernel.ids import now_ms
+from flowkernel.packing import resolve_bodies
 from flowkernel.store.base import (
     AgentRun,
     Claim,
@@ -613,7 +614,7 @@ class SqlStore(SqlArchive, ABC):
         last = RUN_SPAN - 1 if until is None else min(until, RUN_SPAN - 1)
         rows = self._query(self._sql_read_events, (base + after, base + last))
         dec = self._dec
-        return [dec(r[0]) for r in rows]
+        return resolve_bodies([dec(r[0]) for r in rows], self.read_blobs)
 
     def last_seqs(self, run_ids: Sequence[str]) -> dict[str, int]:
         if not run_ids:

@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 
 import msgspec
 from flowkernel.errors import InvalidInputError, RunBusyError, StoreError, UnknownRunError
+from flowkernel.packing import PACKED_PREFIX
 from flowkernel.store.base import EventRow
 
 # An event's key is ``run_no * RUN_SPAN + seq``: one integer key, so the log is a single b-tree that
@@ -37,7 +38,7 @@ class RunArchive(msgspec.Struct, kw_only=True):
     flow: dict[str, str]  # {hash, name, document}
     events: list[tuple[int, int, msgspec.Raw]]  # (seq, timestamp, the event as stored)
     checkpoint: tuple[int, msgspec.Raw] | None  # (seq, skeleton)
-    blobs: dict[str, msgspec.Raw]  # every blob the checkpoint reaches
+    blobs: dict[str, msgspec.Raw]  # every blob the checkpoint and the packed events reach
     commands: list[dict[str, Any]]  # pending ones: {body, createdAt}
     traceContext: str | None = None
     tables: dict[str, list[dict[str, Any]]] = msgspec.field(default_factory=dict)  # AGENT_TABLES rows
@@ -126,7 +127,8 @@ class SqlArchive:
 
     def delete_runs(self, run_ids: Sequence[str], now: int) -> tuple[list[bytes], int]:
         """Delete these runs and every row of theirs in one transaction; returns their checkpoint
-        skeletons (to find the blobs that may have no user left) and the number of events deleted.
+        skeletons and the bodies of their events stored packed (the roots of the blobs that may have no
+        user left: ``flowkernel.checkpoint.packed_blobs``) and the number of events deleted.
         Blobs stay: they are shared by content (``flowkernel.retention`` collects them). If one of the
         runs has a live lease (a worker claimed it meanwhile) nothing is deleted: ``RunBusyError``."""
         if not run_ids:
@@ -149,6 +151,9 @@ class SqlArchive:
             for run_no in numbers.values():
                 if run_no is not None:
                     base = int(run_no) * RUN_SPAN
+                    skeletons += [self._dec(r[0]) for r in db.execute(
+                        f"SELECT body FROM events WHERE id BETWEEN {p} AND {p} AND body >= {p} AND body < {p}",
+                        (base, base + RUN_SPAN - 1, *self._packed_range())).fetchall()]
                     events += db.execute(f"DELETE FROM events WHERE id BETWEEN {p} AND {p}",
                                          (base, base + RUN_SPAN - 1)).rowcount
             for table, column in (("checkpoints", "run_id"), ("commands", "run_id"), ("run_traces", "run_id"),
@@ -163,6 +168,17 @@ class SqlArchive:
         p = self.param
         return [(str(r[0]), self._dec(r[1])) for r in self._query(
             f"SELECT run_id, body FROM checkpoints WHERE run_id > {p} ORDER BY run_id LIMIT {p}", (after, limit))]
+
+    def _packed_range(self) -> tuple[Any, Any]:
+        """Bounds of the stored bodies that start with ``PACKED_PREFIX`` (its last byte, ``,``, plus one)."""
+        return self._enc(PACKED_PREFIX), self._enc(PACKED_PREFIX[:-1] + bytes([PACKED_PREFIX[-1] + 1]))
+
+    def packed_event_page(self, after: int, limit: int) -> list[tuple[int, bytes]]:
+        """Events stored packed, by key, those after key ``after``: roots of blobs in use, like checkpoints."""
+        p = self.param
+        return [(int(r[0]), self._dec(r[1])) for r in self._query(
+            f"SELECT id, body FROM events WHERE id > {p} AND body >= {p} AND body < {p} ORDER BY id LIMIT {p}",
+            (after, *self._packed_range(), limit))]
 
     def delete_blobs(self, keys: Sequence[str]) -> int:
         deleted = 0
@@ -180,8 +196,8 @@ class SqlArchive:
         return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
 
     def export_run(self, run_id: str, blobs_of: Any) -> RunArchive:
-        """Everything of one run, read in one transaction. ``blobs_of(skeleton, fetch)`` gives the
-        blobs a checkpoint reaches (``flowkernel.checkpoint.checkpoint_blobs``)."""
+        """Everything of one run, read in one transaction. ``blobs_of(body, fetch)`` gives the blobs a
+        checkpoint or an event stored packed reaches (``flowkernel.checkpoint.packed_blobs``)."""
         p = self.param
         with self._tx() as db:
             runs = self._rows(db, f"SELECT * FROM runs WHERE run_id = {p}", (run_id,))
@@ -208,6 +224,9 @@ class SqlArchive:
             skeleton = self._dec(cp[1])
             checkpoint = (int(cp[0]), msgspec.Raw(skeleton))
             blobs = {k: msgspec.Raw(v) for k, v in blobs_of(skeleton, self.read_blobs).items()}
+        for _, _, body in events:
+            if bytes(body).startswith(PACKED_PREFIX):
+                blobs.update((k, msgspec.Raw(v)) for k, v in blobs_of(bytes(body), self.read_blobs).items())
         return RunArchive(run={k: v for k, v in run.items() if k not in _LOCAL_RUN_COLUMNS},
                           flow={"hash": str(flow[0]), "name": str(flow[1]), "document": str(flow[2])},
                           events=events, checkpoint=checkpoint, blobs=blobs, commands=commands,
