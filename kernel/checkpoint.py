@@ -30,16 +30,14 @@ def encode_checkpoint(snapshot: RunSnapshot, packer: Packer | None = None) -> tu
     """The skeleton to store and the blobs to store with it (idempotently, by key): those this
     checkpoint made, and any the ``packer`` made for events since it last handed them over."""
     packer = packer or Packer()
-    state = {k: packer.pack(v, ours=True) for k, v in snapshot.state.items()}
-    outputs = {k: packer.pack(v, ours=True) for k, v in snapshot.outputs.items()}
-    packer.keep_only(_values(snapshot))
+    pack = packer.pack
+    state = {k: v if type(v) in _SMALL else pack(v, ours=True) for k, v in snapshot.state.items()}
+    outputs = {k: v if type(v) in _SMALL else pack(v, ours=True) for k, v in snapshot.outputs.items()}
     skeleton = _skeleton_encoder.encode(replace(snapshot, state=state, outputs=outputs))
     return skeleton, packer.take_blobs()
 
 
-def _values(snapshot: RunSnapshot) -> Iterable[object]:
-    yield from snapshot.state.values()
-    yield from snapshot.outputs.values()
+_SMALL = frozenset({int, float, bool, type(None)})  # inline as they are; strings too, when short (see pack)
 
 
 def reachable_blobs(roots: Iterable[Any], fetch: Fetch) -> dict[str, bytes]:

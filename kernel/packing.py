@@ -39,7 +39,7 @@ _IMMUTABLE = frozenset({str, int, float, bool, type(None)})
 # ``blob_refs`` can take any ``$keys`` for references.
 _MARKER_SHAPES = ({"$blob"}, {"$chunks", "$tail"}, {"$lit"}, {"$keys"})
 _BLOCK_LIMIT = 100_000  # blocks remembered before the memo starts over
-_VALUE_LIMIT = 512  # whole values remembered between two checkpoints
+_VALUE_LIMIT = 512  # whole values remembered (the oldest are forgotten first)
 _STRING_LIMIT = 10_000  # long strings remembered
 
 Fetch = Callable[[Iterable[str]], Mapping[str, bytes]]
@@ -124,11 +124,6 @@ class Packer:
             if len(self._values) >= _VALUE_LIMIT:
                 del self._values[next(iter(self._values))]
             self._values[id(value)] = (value, packed)
-
-    def keep_only(self, values: Iterable[Any]) -> None:
-        """Forget remembered values other than ``values`` (those a snapshot still holds)."""
-        alive = {id(v) for v in values}
-        self._values = {k: v for k, v in self._values.items() if k in alive}
 
     def _item(self, value: Any) -> Any:
         """One item of a list or value of a map: small ones inline, large ones as blobs."""

@@ -82,7 +82,7 @@ def own(snap: RunSnapshot) -> RunSnapshot:
         loopCounters=dict(snap.loopCounters), inbox=dict(snap.inbox), agentSessions=dict(snap.agentSessions),
         nodeRuns=dict(snap.nodeRuns), attempts=dict(snap.attempts), faults=dict(snap.faults),
         waiting=dict(snap.waiting), resumedFrom=dict(snap.resumedFrom),
-        forEach={n: replace(fe, running=dict(fe.running)) for n, fe in snap.forEach.items()},
+        forEach={n: replace(fe, results=list(fe.results), running=dict(fe.running)) for n, fe in snap.forEach.items()},
     )
 
 
@@ -149,6 +149,10 @@ def _node_start(flow: CompiledFlow, s: RunSnapshot, ev: NodeStart, o: bool) -> t
 
 def _item_result(s: RunSnapshot, n: str, item: int, result: dict[str, Any], o: bool) -> RunSnapshot:
     fe = s.forEach[n]
+    if o:  # the shell's own snapshot: one slot changes, not a copy of 20,000
+        fe.results[item] = {"item": fe.items[item], **result}
+        fe.running.pop(str(item), None)
+        return s
     results = list(fe.results)
     results[item] = {"item": fe.items[item], **result}
     fe = ForEachState(items=fe.items, results=results, running=_drop(o, fe.running, str(item)))

@@ -8,6 +8,7 @@ the node runs that were decided. Transitions that arrive together are committed 
 
 from __future__ import annotations
 
+import heapq
 import sys
 import time
 from collections import deque
@@ -30,8 +31,10 @@ from flowkernel.events import (
     BaseEvent,
     EdgeFire,
     EdgeSkip,
+    Event,
     FlowComplete,
     FlowPaused,
+    FlowResumed,
     FlowWaiting,
     LoopExhausted,
     LoopIterate,
@@ -50,7 +53,7 @@ from flowkernel.node import Interrupted, WaitFor
 from flowkernel.packing import LEAF, PACKED_PREFIX, Packer
 from flowkernel.reducer import ALL, apply, own
 from flowkernel.registry import Registry
-from flowkernel.scheduling import decide
+from flowkernel.scheduling import Progress, decide
 from flowkernel.snapshot import InboxMessage, RunSnapshot
 from flowkernel.store.base import EventRow, Lease, RunTotals, Store
 from flowkernel.store.fenced import fenced
@@ -116,6 +119,11 @@ class RunExecution:
         self._applied: list[BaseEvent] = []
         self._waiters: list[_Durable] = []
         self._dirty: set[str] = set()
+        # Ready nodes waiting for a free slot, lowest node index first (``decide`` is handed as many
+        # as there are slots, not all of them on every step), and the counts ``decide`` judges by.
+        self._ready: list[tuple[int, str]] = []
+        self._queued: set[str] = set()
+        self._progress = Progress()
         self._active: dict[tuple[str, int | None], anyio.CancelScope | None] = {}
         self._to_launch: list[NodeStart] = []
         self._finished_commands: list[tuple[int, int]] = []
@@ -362,11 +370,11 @@ class RunExecution:
         draft.seq = snap.seq + 1
         draft.timestamp = int(time.time() * 1000)  # ids.now_ms, inlined: this runs for every event
         draft.flowRunId = snap.runId
-        fields = _PAYLOADS.get(type(draft))
-        large = [f for f in fields if _large(getattr(draft, f))] if fields is not None else None
+        field = _PAYLOAD_OF.get(type(draft))
+        large = field is not None and type(payload := getattr(draft, field)) in _WHOLE and _large(payload)
         try:
             if large:
-                body, event = self._pack(draft, large)
+                body, event = self._pack(draft, field)  # type: ignore[arg-type]
             else:
                 body = _encode(draft)
                 event = draft if _json_already(draft) else decode(body)
@@ -392,6 +400,8 @@ class RunExecution:
             raise
         if touched:
             self._dirty |= set(self.flow.nodes) if touched is ALL else touched
+        if type(event) in _PROGRESS and (type(event) is not NodeStart or event.item is not None):
+            self._progress.follow(self.flow, event)
         after = _AFTER_APPLY.get(type(event))
         if after is not None:
             after(self, event)
@@ -400,19 +410,19 @@ class RunExecution:
         self._bytes_since_checkpoint += len(body)
         return event
 
-    def _pack(self, draft: BaseEvent, fields: list[str]) -> tuple[bytes, BaseEvent]:
-        """The stored body of an event with large payload ``fields`` (they refer to blobs: a transcript
-        that grew by one message costs that message, not the transcript), and the event to apply,
-        whose payloads are rebuilt from the packer's own objects (as a JSON round trip would give)."""
+    def _pack(self, draft: BaseEvent, field: str) -> tuple[bytes, BaseEvent]:
+        """The stored body of an event whose payload ``field`` is large: it refers to blobs, so a
+        transcript that grew by one message costs that message, not the transcript. And the event to
+        apply, whose payload is rebuilt from the packer's own objects (as a JSON round trip would give)."""
         packer = self._packer
-        packed = {f: packer.pack_inline(getattr(draft, f)) for f in fields}
-        skeleton = _encode(replace(draft, **packed))
-        event = decode(skeleton)
-        resolver = packer.resolver()
-        for f in fields:
-            value = resolver.unpack(getattr(event, f))
-            packer.remember(value, packed[f])
-            setattr(event, f, value)
+        packed = packer.pack_inline(getattr(draft, field))
+        skeleton = _encode(replace(draft, **{field: packed}))
+        data = msgspec.json.decode(skeleton)
+        payload = data.pop(field, None)
+        event: BaseEvent = msgspec.convert(data, Event)
+        value = packer.resolver().unpack(payload)
+        packer.remember(value, packed)
+        setattr(event, field, value)
         return PACKED_PREFIX + skeleton[1:], event
 
     # What the shell keeps track of besides the snapshot: node runs in flight, and the last event of
@@ -437,13 +447,29 @@ class RunExecution:
         for n in reset:
             self._reset_at[n] = ev.seq
 
+    def _room(self) -> int:
+        """How many more node runs may start now; none while the run is handed over."""
+        return 0 if self._draining else self.flow.max_concurrency - len(self._active)
+
     async def _step(self) -> None:
+        ready, queued, nodes = self._ready, self._queued, self.flow.nodes
         while self.snap.status == "running":
-            # Handing over, no node run may start: the scheduling rules see no free capacity.
-            in_flight = len(self._active) + (self.flow.max_concurrency if self._draining else 0)
-            decision = decide(self.flow, self.snap, self._dirty, in_flight)
-            self._dirty = decision.deferred
+            candidates = self._dirty
+            room = self._room()
+            for _ in range(min(room, len(ready))):
+                n = heapq.heappop(ready)[1]
+                queued.discard(n)
+                candidates.add(n)
+            decision = decide(self.flow, self.snap, candidates, self.flow.max_concurrency - room, not ready,
+                              self._progress)
+            self._dirty = set()
+            for n in decision.deferred:
+                if n not in queued:
+                    queued.add(n)
+                    heapq.heappush(ready, (nodes[n].index, n))
             if not decision.drafts:
+                if ready and self._room() > 0:
+                    continue  # those handed over could not start: hand over the next ones
                 break
             starts: list[NodeStart] = []
             for draft in decision.drafts:
@@ -459,7 +485,7 @@ class RunExecution:
                     self._to_launch.append(s)
                 else:
                     self._active.pop(self._active_key(s), None)
-            if not self._dirty and self._active:
+            if not self._dirty and self._active and not (ready and self._room() > 0):
                 break  # nothing to look at again, and the run cannot end with node runs in flight
         self._commit()
         if self._lost is not None:
@@ -519,6 +545,7 @@ class RunExecution:
         if not self._rows and not self._finished_commands:
             return
         checkpoint = None
+        blobs: dict[str, bytes] | None
         stopped = self.snap.status != "running"
         if stopped or self._bytes_since_checkpoint >= max(CHECKPOINT_SPACING * self._checkpoint_size,
                                                           CHECKPOINT_MIN_BYTES):
@@ -528,7 +555,7 @@ class RunExecution:
             self._checkpoint_size = len(checkpoint) + sum(len(b) for b in blobs.values())
             self._bytes_since_checkpoint = 0
         else:
-            blobs = self._packer.take_blobs()  # those of packed events
+            blobs = self._packer.take_blobs() if self._packer.blobs else None  # those of packed events
         self._patched.clear()  # patches that never reached _append (dropped as stale)
         rows, applied, waiters = self._rows, self._applied, self._waiters
         self._rows, self._applied, self._waiters = [], [], []
@@ -656,6 +683,7 @@ class RunExecution:
             return
 
 
+_PROGRESS = frozenset({EdgeFire, EdgeSkip, NodeStart, NodeComplete, NodeSkipped, NodeError, LoopIterate, FlowResumed})
 _AFTER_APPLY: dict[type[BaseEvent], Callable[[RunExecution, Any], None]] = {
     NodeComplete: RunExecution._node_finished, NodeSkipped: RunExecution._node_finished,
     NodeError: RunExecution._node_finished, NodeWaiting: RunExecution._node_finished,
@@ -683,23 +711,32 @@ def _json_already(draft: BaseEvent) -> bool:
 
 _encode = encoder.encode
 
-# Fields of events that carry a node's data, and when that data is large enough to pack (a long list,
-# or a long string, at most three levels down: a transcript in an output, a history in an input's args).
-_PAYLOADS: dict[type[BaseEvent], tuple[str, ...]] = {
-    NodeStart: ("input",), NodeComplete: ("output",), StatePatch: ("value",), EdgeFire: ("items",),
-    NodeWaiting: ("prompt",),
+# The field of an event that carries a node's data, and when that data is large enough to pack: a long
+# list or a long string, at most three levels down (a transcript in an output, a history in the args of
+# an input), the values that come back event after event.
+_PAYLOAD_OF: dict[type[BaseEvent], str] = {
+    NodeStart: "input", NodeComplete: "output", StatePatch: "value", EdgeFire: "items", NodeWaiting: "prompt",
 }
+_WHOLE = frozenset({dict, list, tuple, str})
 _LONG_LIST = 2 * LEAF
 _LONG_STRING = 4096
 
 
 def _large(value: Any, depth: int = 0) -> bool:
     t = type(value)
-    if t is list or t is tuple:
-        return len(value) > _LONG_LIST or (depth < 2 and any(_large(v, depth + 1) for v in value))
+    if t is str:
+        return len(value) >= _LONG_STRING
     if t is dict:
-        return depth < 2 and any(_large(v, depth + 1) for v in value.values())
-    return t is str and len(value) >= _LONG_STRING
+        values: Any = value.values()
+    elif len(value) > _LONG_LIST:
+        return True
+    else:
+        values = value
+    if depth < 2:
+        for v in values:
+            if type(v) in _WHOLE and _large(v, depth + 1):
+                return True
+    return False
 _NOTHING: frozenset[str] = frozenset()
 
 

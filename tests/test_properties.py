@@ -39,9 +39,9 @@ from flowkernel.events import (
     NodeSkipped,
     NodeStart,
 )
-from flowkernel.reducer import apply, fold, initial_snapshot
+from flowkernel.reducer import apply, fold, initial_snapshot, own
 from flowkernel.registry import Registry, default_registry
-from flowkernel.scheduling import decide
+from flowkernel.scheduling import Progress, decide
 from flowkernel.snapshot import ForEachState, RunSnapshot
 from flowkernel.store.memory import MemoryStore
 from flowkernel.store.sqlite import SqliteStore
@@ -333,6 +333,30 @@ def test_pure_apply_leaves_every_earlier_snapshot_as_it_was_and_agrees_with_the_
     for i, (earlier, encoded) in enumerate(seen):
         assert msgspec.json.encode(earlier) == encoded, f"applying later events changed the snapshot at seq {i + 1}"
     assert snap == fold(outcome.flow, outcome.events) == outcome.final
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
+@given(cases())
+def test_progress_kept_event_by_event_equals_progress_counted_from_the_snapshot(case: Case) -> None:
+    # The shell hands ``decide`` counts it keeps up to date (joins, forEach cursors) instead of the
+    # snapshot's maps: after every event they must be what counting the snapshot gives.
+    outcome = _execute(case)
+    flow = outcome.flow
+    first = outcome.events[0]
+    assert isinstance(first, FlowStart)
+    snap = own(initial_snapshot(flow, first))
+    kept = Progress()
+    for ev in outcome.events[1:]:
+        snap, _ = apply(flow, snap, ev, owned=True)
+        kept.follow(flow, ev)
+        fresh = Progress()
+        for n in flow.nodes:
+            assert kept.edges(flow, snap, n) == fresh.edges(flow, snap, n), f"{n} after seq {ev.seq} ({ev.type})"
+        for n in snap.forEach:
+            finished, cursor = kept.items(snap, n)
+            assert finished == fresh.items(snap, n)[0], f"{n} after seq {ev.seq} ({ev.type})"
+            fe = snap.forEach[n]
+            assert all(r is not None or str(i) in fe.running for i, r in enumerate(fe.results[:cursor]))
 
 
 # -- regressions the properties found (shrunk by hypothesis) ---------------------------------------
