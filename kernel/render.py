@@ -7,10 +7,10 @@ import os
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any, TextIO
 
-from flowkernel.events import BaseEvent, to_dict
+from flowkernel.events import BaseEvent
 from flowkernel.snapshot import RunSnapshot
 from flowkernel.store.base import RunRecord
 from flowkernel.summaries import RunSummary
@@ -28,8 +28,25 @@ def _color(stream: TextIO) -> bool:
 
 
 def preview(value: Any, width: int | None = 60) -> str:
-    """``value`` on one line, cut to ``width`` characters (``None``: whole)."""
-    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    """``value`` as compact JSON (a string as it is) on one line, cut to ``width`` characters
+    (``None``: whole).
+
+    Built piece by piece and stopped once ``width`` is passed, so a preview of a 10,000-message
+    transcript costs what it shows, not the transcript.
+    """
+    if width is None:
+        text = value if isinstance(value, str) else _dumps(value)
+    elif isinstance(value, str):
+        text = value[:width + 1]
+    else:
+        parts: list[str] = []
+        size = 0
+        for piece in _json_pieces(value, width + 1):
+            parts.append(piece)
+            size += len(piece)
+            if size > width:
+                break
+        text = "".join(parts)
     text = text.replace("\n", " ")
     return text if width is None or len(text) <= width else text[: width - 1] + "…"
 
@@ -41,8 +58,57 @@ def whole(value: Any, indent: str) -> str:
     return text.replace("\n", "\n" + indent)
 
 
+def _json_pieces(value: Any, budget: int) -> Iterator[str]:
+    """Compact JSON of ``value`` (as ``json.dumps`` with ``ensure_ascii=False`` writes it), in pieces;
+    strings longer than ``budget`` are cut (the caller stops before their end anyway)."""
+    if isinstance(value, str):
+        yield _dumps(value[:budget]) if len(value) > budget else _dumps(value)
+    elif isinstance(value, dict):
+        yield "{"
+        for i, (k, v) in enumerate(value.items()):
+            yield ("," if i else "") + _dumps(k if isinstance(k, str) else _dumps(k)) + ":"
+            yield from _json_pieces(v, budget)
+        yield "}"
+    elif isinstance(value, list | tuple):
+        yield "["
+        for i, v in enumerate(value):
+            if i:
+                yield ","
+            yield from _json_pieces(v, budget)
+        yield "]"
+    else:
+        yield _dumps(value)
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+class _Fields:
+    """An event's fields by their JSON names, read from the struct (no encoding, no copy)."""
+
+    __slots__ = ("ev",)
+    _RENAMED = {"from": "from_"}
+
+    def __init__(self, ev: BaseEvent) -> None:
+        self.ev = ev
+
+    def get(self, name: str, default: Any = None) -> Any:
+        value = getattr(self.ev, self._RENAMED.get(name, name), default)
+        return default if value is None else value
+
+    def __getitem__(self, name: str) -> Any:
+        try:
+            return getattr(self.ev, self._RENAMED.get(name, name))
+        except AttributeError:
+            raise KeyError(name) from None
+
+
 class LiveView:
     """Prints one readable line per event as a run progresses; agent text streams inline.
+
+    Lines are made from the event's fields as they are (no encoding of the event), and values are
+    previewed, never written out whole: showing a run costs in proportion to what is shown.
 
     Times are since the run started (``started_ms``, else its first event), or the wall clock with
     ``wall``. Lines of a node run say which node run they are about (``describe[2]`` for a forEach
@@ -151,7 +217,7 @@ class LiveView:
 
     def __call__(self, ev: BaseEvent) -> None:
         self._note(ev)
-        d = to_dict(ev)
+        d = _Fields(ev)
         t = ev.type
         node = d.get("nodeId") or ""
         run = d.get("runId") or ""

@@ -1,0 +1,75 @@
+"""The live view shows what it shows, made from the events themselves, without writing values out."""
+
+from __future__ import annotations
+
+import io
+import json
+from typing import Any
+
+from flowkernel.events import AgentTextDelta, EdgeFire, FlowComplete, NodeComplete, NodeStart, StatePatch
+from flowkernel.render import LiveView, preview
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.helpers import flow, py, registry, run_flow
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=40),
+    lambda inner: st.lists(inner, max_size=6) | st.dictionaries(st.text(max_size=6), inner, max_size=5),
+    max_leaves=25)
+
+
+@settings(max_examples=300, deadline=None)
+@given(json_values, st.integers(5, 120))
+def test_a_preview_is_the_compact_json_cut_to_its_width(value: Any, width: int) -> None:
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    text = text.replace("\n", " ")
+    expected = text if len(text) <= width else text[: width - 1] + "…"
+    assert preview(value, width) == expected
+
+
+class Sealed(list[Any]):
+    """A long list that may be looked at only near its start."""
+
+    def __iter__(self) -> Any:
+        for i, v in enumerate(list.__iter__(self)):
+            if i > 50:
+                raise AssertionError("the whole list was walked")
+            yield v
+
+
+def test_a_long_output_is_previewed_from_its_start_only() -> None:
+    out = io.StringIO()
+    view = LiveView(out)
+    transcript = Sealed({"role": "assistant", "content": f"message {i}"} for i in range(100_000))
+    view(NodeComplete(nodeId="agent", runId="nr_1", output={"transcript": transcript}, durationMs=3))
+    view(StatePatch(nodeId="agent", runId="nr_1", op="set", path="log", value=transcript))
+    line = out.getvalue().splitlines()[0]
+    assert line.endswith('done in 3 ms → {"transcript":[{"role":"assistant","content":"message 0"},{…')
+
+
+def test_the_live_view_of_a_run_reads_as_before() -> None:
+    out = io.StringIO()
+    view = LiveView(out)
+    view(NodeStart(nodeId="a", runId="nr_1", attempt=2, input={}))
+    view(EdgeFire(edgeId="a->b", from_="a", to="b", items=[1, 2, 3]))
+    view(AgentTextDelta(nodeId="a", content="hel"))
+    view(AgentTextDelta(nodeId="a", content="lo\nworld"))
+    view(FlowComplete(status="completed"))
+    text = out.getvalue()
+    assert "● a                      started nr_1 (attempt 2)" in text
+    assert "→ a → b                  fired with 3 items" in text
+    assert "│ a says: hello" in text and "world" in text
+    assert "■ completed              0 done, 0 skipped" in text
+
+
+def test_a_run_shown_live_prints_every_event() -> None:
+    out = io.StringIO()
+    document = flow([py("a", "give"), py("b", "give")], [{"from": "a", "to": "b"}])
+    events = run_flow(document, reg=registry(give=lambda: {"n": 1}))[2]
+    view = LiveView(out)
+    for ev in events:
+        view(ev)
+    assert len(out.getvalue().splitlines()) == len(events)
+    assert 'done in 0 ms → {"n":1}' in out.getvalue()
