@@ -28,6 +28,13 @@ from flowkernel.compiler import CompiledFlow
 from flowkernel.context import NodeContext
 from flowkernel.errors import FlowkernelError, LeaseLostError, NodeFailure, StoreError
 from flowkernel.events import (
+    AgentError,
+    AgentText,
+    AgentTextDelta,
+    AgentThinking,
+    AgentThinkingDelta,
+    AgentTool,
+    AgentUsage,
     BaseEvent,
     EdgeFire,
     EdgeSkip,
@@ -66,6 +73,11 @@ CHECKPOINT_MIN_BYTES = 64 * 1024
 # then cost at most half of what the events cost, and resume folds at most that much log.
 CHECKPOINT_SPACING = 2
 COMMAND_POLL_S = 0.05
+# Events that only show what a node is doing (a model's streamed text, its tool calls, what a call
+# cost) are committed at most once per this many ms per run, with whatever follows them; a transition
+# (node, edge, loop, flow, command or state event) is committed at once, with every event before it.
+# ``services["observability_commit_ms"]`` sets it for a kernel (0: commit every event at once).
+OBSERVABILITY_COMMIT_MS = 50
 PAUSE_GRACE_S = 30.0
 YIELD_EVERY_S = 0.01
 
@@ -130,6 +142,10 @@ class RunExecution:
         self._bytes_since_checkpoint = 0
         self._checkpoint_size = checkpoint_size
         self._packer = Packer()  # large payloads and checkpoints, packed in proportion to what changed
+        self._window = float(self._services.get("observability_commit_ms", OBSERVABILITY_COMMIT_MS)) / 1000
+        self._loud = False  # an event not in _OBSERVABILITY waits to be committed
+        self._last_commit = 0.0
+        self._flush_at: float | None = None  # when the observability events waiting are committed
         self._pause = False
         self._pause_event = anyio.Event()
         self._yielded = time.monotonic()
@@ -240,7 +256,11 @@ class RunExecution:
                     await anyio.lowlevel.checkpoint()
                 if not self._queue:
                     self._wakeup = anyio.Event()
-                    await self._wakeup.wait()
+                    if self._flush_at is None:
+                        await self._wakeup.wait()
+                    else:  # observability events are waiting: until they are due, at the latest
+                        with anyio.move_on_after(self._flush_at - time.monotonic()):
+                            await self._wakeup.wait()
                     self._wakeup = None
                     self._yielded = time.monotonic()
                 batch = list(self._queue)
@@ -249,6 +269,8 @@ class RunExecution:
                     self._handle(m)
                 if self._lost is None:
                     await self._step()
+            if self._lost is None:
+                self._commit(wait=False)
             tg.cancel_scope.cancel()
         if self._lost is not None:
             raise self._lost
@@ -407,6 +429,8 @@ class RunExecution:
             after(self, event)
         self._rows.append((event.seq, event.timestamp, body))
         self._applied.append(event)
+        if type(event) not in _OBSERVABILITY:
+            self._loud = True
         self._bytes_since_checkpoint += len(body)
         return event
 
@@ -541,9 +565,18 @@ class RunExecution:
         return self.snap.nodeStatus.get(n) == "running" and self.snap.nodeRuns.get(n) == s.runId \
             and n not in self.snap.forEach
 
-    def _commit(self) -> None:
+    def _commit(self, *, wait: bool = True) -> None:
+        """Commit what was applied since the last commit, with the snapshot's status (and a checkpoint
+        when one is due); with ``wait``, observability events alone may wait for their window."""
         if not self._rows and not self._finished_commands:
             return
+        now = time.monotonic()
+        if wait and not self._loud and not self._waiters and not self._finished_commands \
+                and self.snap.status == "running" and now - self._last_commit < self._window:
+            if self._flush_at is None:
+                self._flush_at = self._last_commit + self._window
+            return
+        self._loud, self._flush_at, self._last_commit = False, None, now
         checkpoint = None
         blobs: dict[str, bytes] | None
         stopped = self.snap.status != "running"
@@ -683,6 +716,8 @@ class RunExecution:
             return
 
 
+_OBSERVABILITY = frozenset({AgentTextDelta, AgentThinkingDelta, AgentText, AgentThinking, AgentTool, AgentError,
+                            AgentUsage})
 _PROGRESS = frozenset({EdgeFire, EdgeSkip, NodeStart, NodeComplete, NodeSkipped, NodeError, LoopIterate, FlowResumed})
 _AFTER_APPLY: dict[type[BaseEvent], Callable[[RunExecution, Any], None]] = {
     NodeComplete: RunExecution._node_finished, NodeSkipped: RunExecution._node_finished,
