@@ -665,10 +665,12 @@ class Kernel:
             return self.hand_to_pool(run_id, before)
         return await self.execute(run_id, on_event=on_event, before=before)
 
-    async def retry(self, run_id: str, *, on_event: EventListener | None = None, queue: bool = False) -> RunSnapshot:
-        """Re-run the failed nodes of a failed run (fresh attempts; the history stays); ``queue`` as for resume."""
+    async def retry(self, run_id: str, *, message: str | None = None, on_event: EventListener | None = None,
+                    queue: bool = False) -> RunSnapshot:
+        """Re-run the failed nodes of a failed run (fresh attempts; the history stays); ``message`` goes to
+        every interrupted node run, as for resume; ``queue`` as for resume."""
         cmd = Command(kind="retry")
-        before = self._judged(run_id, cmd, FlowResumed(message=None, retry=True))
+        before = self._judged(run_id, cmd, FlowResumed(message=message, retry=True))
         if queue:
             return self.hand_to_pool(run_id, before)
         return await self.execute(run_id, on_event=on_event, before=before)

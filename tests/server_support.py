@@ -9,11 +9,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+import anyio.from_thread
 import httpx
 import uvicorn
 from flowkernel.api import Kernel
 from flowkernel.server import ServerConfig, create_app
 from flowkernel.store.open import open_store
+from flowkernel.worker import Worker
 
 
 @dataclass
@@ -28,6 +30,21 @@ class Live:
 
     def client(self, **kw: Any) -> httpx.Client:
         return httpx.Client(base_url=self.url, headers=self.headers, timeout=30, **kw)
+
+
+@contextmanager
+def pool_worker(db: str, concurrency: int = 2, **kernel_kw: Any) -> Iterator[Worker]:
+    """A ``flowkernel.worker.Worker`` (what ``serve --workers N`` runs) with its own kernel and event
+    loop in a thread; stopped (handing its runs over) on exit."""
+    worker = Worker(Kernel(open_store(db), **kernel_kw), concurrency=concurrency, grace_s=5, poll_s=0.05)
+    with anyio.from_thread.start_blocking_portal() as portal:
+        done = portal.start_task_soon(worker.run)
+        try:
+            yield worker
+        finally:
+            portal.call(worker.stop)
+            done.result(timeout=30)
+            worker.kernel.close()
 
 
 @contextmanager

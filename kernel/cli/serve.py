@@ -9,8 +9,10 @@ import sys
 from typing import Any
 
 from flowkernel.cli.session import EXIT_INVALID, EXIT_OK, add_db
+from flowkernel.cli.workers import DEFAULT_GRACE_S, _non_negative_float
 
 DEFAULT_PORT = 8765
+DEFAULT_WORKERS = 4
 
 
 def add_parsers(sub: Any) -> None:
@@ -23,8 +25,28 @@ def add_parsers(sub: Any) -> None:
     sp.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
                     help="allow browser pages from ORIGIN (e.g. http://localhost:5173) to call the API (repeatable; "
                          "default: none)")
+    sp.add_argument("--workers", type=_non_negative_int, default=DEFAULT_WORKERS, metavar="N",
+                    help=f"runs this process executes at once, as `flowkernel worker --concurrency N` would "
+                         f"(default {DEFAULT_WORKERS}; 0: serve only, separate `flowkernel worker` processes execute)")
+    sp.add_argument("--grace-s", type=_non_negative_float, default=DEFAULT_GRACE_S, metavar="S",
+                    help=f"on SIGTERM or Ctrl-C, how long node runs in flight may take to finish before they are "
+                         f"paused and handed over (default {DEFAULT_GRACE_S:g})")
+    sp.add_argument("--fixtures", metavar="DIR", help="serve model calls from fixture files: a run's node "
+                                                      "files in DIR/<flow name>/, then DIR/ (no network)")
+    sp.add_argument("--plugin", action="append", default=[], dest="command_plugins", metavar="MODULE",
+                    help="import a module that registers functions, tools or node types (repeatable)")
     add_db(sp)
     sp.set_defaults(handler=cmd_serve)
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError("must be 0 or more")
+    return value
 
 
 def is_loopback(host: str) -> bool:
@@ -44,6 +66,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return EXIT_INVALID
     try:
+        import anyio
         import uvicorn
         from flowkernel.server import ServerConfig, create_app
     except ImportError as exc:
@@ -58,16 +81,29 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if not Path(folder).is_dir():
             print(f"flowkernel: --flows {folder}: no such folder", file=sys.stderr)
             return EXIT_INVALID
-    store = open_store(args.db)
+    store = open_store(args.db, create=True)
     # The event feed reads through a connection of its own: SQLite tells a connection about the
     # commits of the others, not its own.
     feed_store = store if store.location == "memory" else open_store(args.db)
     kernel = Kernel(store)
+    worker = None
+    if args.workers:
+        # The workers are `flowkernel worker`'s own, with a kernel (and store connection) of their own:
+        # to the API they are one more process executing runs.
+        from flowkernel.worker import Worker
+
+        services: dict[str, Any] = {}
+        if args.fixtures:
+            from flowkernel.fixtures.library import FixtureLibrary
+
+            services["query_fn"] = FixtureLibrary(args.fixtures)
+            services["fixtures"] = args.fixtures
+        worker_store = store if store.location == "memory" else open_store(args.db)
+        worker = Worker(Kernel(worker_store, services=services), concurrency=args.workers, grace_s=args.grace_s)
     config = ServerConfig(token=token, flows=[Path(f) for f in args.flows], cors_origins=list(args.cors_origin))
     app = create_app(kernel, config, feed_store=feed_store)
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
                                            timeout_graceful_shutdown=5))
-    print(f"flowkernel: serving http://{args.host}:{args.port}/api/v1 on {store.location}", file=sys.stderr)
     # uvicorn stops gracefully on SIGINT/SIGTERM, then raises the signal again for the handler it found:
     # a stop asked for is a clean exit, so that handler takes note and the command returns 0.
     import signal
@@ -76,11 +112,45 @@ def cmd_serve(args: argparse.Namespace) -> int:
     previous = {sig: signal.signal(sig, lambda number, frame: stops.append(number))
                 for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        server.run()
+        anyio.run(_serve, server, worker, store.location)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        if worker is not None and worker.kernel.store is not store:
+            worker.kernel.close()
         kernel.close()
         if feed_store is not store:
             feed_store.close()
     return EXIT_OK
+
+
+async def _serve(server: Any, worker: Any, location: str) -> None:
+    """The API and the workers in one event loop. A stop (SIGTERM, Ctrl-C) ends the API first, then
+    the workers hand their runs over: node runs in flight get the grace time, what remains is paused
+    at a step boundary and left to the next worker (or the next `serve`), which resumes it."""
+    import anyio
+
+    async with anyio.create_task_group() as tg:
+        if worker is not None:
+            await tg.start(worker.run)
+        served = anyio.Event()
+
+        async def api() -> None:
+            await server.serve()
+            served.set()
+
+        tg.start_soon(api)
+        while not (server.started or served.is_set()):  # uvicorn has no start-up callback
+            await anyio.sleep(0.01)
+        if server.started:
+            host, port = server.servers[0].sockets[0].getsockname()[:2]
+            where = f"{worker.concurrency} run(s) at once" if worker is not None else "no workers: serving only"
+            print(f"flowkernel: serving http://{host}:{port}/api/v1 on {location} ({where})", file=sys.stderr,
+                  flush=True)
+        await served.wait()
+        if worker is not None:
+            print(f"flowkernel serve: stopping; handing over {len(worker.running)} run(s) "
+                  f"(grace {worker.grace_s:g} s)", file=sys.stderr, flush=True)
+            worker.stop()
+            await worker.wait_stopped()
+        tg.cancel_scope.cancel()

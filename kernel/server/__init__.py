@@ -3,7 +3,8 @@
 One module per job: ``app`` builds the application, ``problems`` turns errors into RFC 9457
 responses, ``auth`` checks the bearer token, ``limits`` caps request bodies, ``pagination`` makes
 opaque keyset cursors, ``views`` holds the response models (the OpenAPI document), ``runs``,
-``agents`` and ``flows`` are the routes, ``feed`` and ``stream`` serve events as they are committed.
+``execute`` (what leaves a run to the workers), ``agents`` and ``flows`` are the routes, ``feed`` and
+``stream`` serve events as they are committed.
 """
 
 from __future__ import annotations

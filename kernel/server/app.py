@@ -2,8 +2,9 @@
 
 The routes are a face over ``flowkernel.api.Kernel``: what they may read and do is what the CLI
 may, through the same calls, so a command refused here is refused with the CLI's reason. The
-kernel given here serves requests only; runs are executed by workers, each with its own kernel,
-so commands reach them through the store exactly as from another process.
+kernel given here serves requests only; runs are executed by workers (``flowkernel.worker``: those
+of ``serve --workers N`` or ``flowkernel worker`` processes), each with its own kernel, so commands
+reach them through the store exactly as from another process.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from fastapi import APIRouter, Depends, FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from flowkernel.api import Kernel
 from flowkernel.catalog import FlowCatalog
-from flowkernel.server import agents, flows, problems, runs, stream, webui
+from flowkernel.server import agents, execute, flows, problems, runs, stream, webui
 from flowkernel.server.auth import token_check
 from flowkernel.server.feed import Feed
 from flowkernel.server.limits import MAX_BODY_BYTES, BodyLimit
@@ -89,6 +90,7 @@ def create_app(kernel: Kernel, config: ServerConfig | None = None, *, feed_store
 
     guarded = APIRouter(prefix=PREFIX, dependencies=[Depends(token_check(config.token))])
     guarded.include_router(runs.router)
+    guarded.include_router(execute.router)
     guarded.include_router(stream.router)
     guarded.include_router(agents.router)
     guarded.include_router(flows.router)

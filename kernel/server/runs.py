@@ -14,7 +14,7 @@ from flowkernel.commands import Command
 from flowkernel.events import Event
 from flowkernel.server.pagination import DEFAULT_LIMIT, MAX_LIMIT, decode_cursor, encode_cursor
 from flowkernel.server.problems import ApiProblem
-from flowkernel.server.views import Abort, Accepted, Page, Pause, Reply, Resume, RunDetail, RunSummary, Send
+from flowkernel.server.views import Abort, Accepted, Page, Pause, Reply, RunDetail, RunSummary, Send
 from flowkernel.server.views import Event as EventView
 
 router = APIRouter(tags=["runs"])
@@ -83,12 +83,26 @@ def list_events(request: Request, runId: str,
 
 # -- commands -----------------------------------------------------------------------------------
 
+def _deliver(kernel: Kernel, run_id: str, cmd: Command) -> int:
+    """The seq of the ``command:received`` that accepted ``cmd``.
+
+    Kernel.command is the CLI's own path: judged where the run is, refusals recorded in its log. A
+    reply or send that lands in a run of the worker pool that nobody executes (it waits) hands the
+    run back to the pool, as ``flowkernel reply`` does; a worker carries on with it."""
+    from flowkernel.api import continue_stopped
+
+    outcome = anyio.run(lambda: kernel.command(run_id, cmd))
+    if cmd.kind in ("reply", "send"):
+        record = kernel.store.get_run(run_id)
+        if record.pooled and record.leaseOwner is None:
+            kernel.hand_to_pool(run_id, continue_stopped)
+    return outcome.record.seq
+
+
 async def _command(request: Request, run_id: str, cmd: Command) -> Response:
-    kernel = kernel_of(request)
-    # Kernel.command is the CLI's own path: judged where the run is, refusals recorded in its log.
-    # It blocks on the store, so it gets a thread (and an event loop) of its own.
-    outcome = await anyio.to_thread.run_sync(lambda: anyio.run(lambda: kernel.command(run_id, cmd)))
-    return json_response({"accepted": True, "seq": outcome.record.seq}, status=202)
+    # Commands block on the store, so each gets a thread (and an event loop) of its own.
+    seq = await anyio.to_thread.run_sync(_deliver, kernel_of(request), run_id, cmd)
+    return json_response({"accepted": True, "seq": seq}, status=202)
 
 
 _COMMAND_RESPONSES: dict[int | str, dict[str, Any]] = {202: {"model": Accepted}}
@@ -115,5 +129,3 @@ async def abort(request: Request, runId: str, body: Abort | None = None) -> Resp
     return await _command(request, runId, Command(kind="abort", reason=body.reason if body else None))
 
 
-# Resume and retry are defined with run creation: a worker continues the run (see `execute`).
-__all__ = ["Resume", "router"]

@@ -98,7 +98,11 @@ class CreateRun(_Body):
 
 
 class Resume(_Body):
-    message: str | None = None
+    message: str | None = Field(None, description='delivered to every interrupted node run (default "continue")')
+
+
+class Retry(_Body):
+    message: str | None = Field(None, description="delivered to every interrupted node run")
 
 
 class Send(_Body):

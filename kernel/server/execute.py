@@ -1,0 +1,127 @@
+"""Routes that make a run go on: ``POST /runs`` (a queued run), ``/resume`` and ``/retry``.
+
+None of them executes anything in the request: the run is left to the worker pool (DESIGN §11), the
+in-process workers of ``serve --workers N`` or any ``flowkernel worker`` on the same store, exactly
+as ``flowkernel run --queue`` leaves it. ``?wait=S`` answers when the run stops or S seconds pass,
+watching the same feed the event streams read.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import anyio
+import anyio.to_thread
+from fastapi import APIRouter, Query, Request, Response
+from flowkernel.api import Kernel
+from flowkernel.compiler import CompiledFlow
+from flowkernel.errors import FlowValidationError, StoreError
+from flowkernel.server.feed import Feed
+from flowkernel.server.problems import ApiProblem
+from flowkernel.server.runs import json_response, kernel_of
+from flowkernel.server.views import Accepted, CreateRun, Resume, Retry, RunSummary
+
+router = APIRouter(tags=["runs"])
+
+MAX_WAIT_S = 300
+# Events after which a run is no longer executing; the run row tells which status it stopped in.
+_STOPS = (b'{"type":"flow:complete"', b'{"type":"flow:paused"', b'{"type":"flow:waiting"')
+_MOVING = ("queued", "running")
+
+Wait = Annotated[float | None, Query(ge=0, le=MAX_WAIT_S,
+                                     description=f"answer when the run stops or after this many seconds "
+                                                 f"(at most {MAX_WAIT_S})")]
+
+
+def _flow_of(request: Request, body: CreateRun) -> CompiledFlow:
+    if (body.flow is None) == (body.flowDocument is None):
+        raise ApiProblem(422, "give either `flow` (the name of a flow this server knows) or `flowDocument`",
+                         errors=[("$.flow", "give flow or flowDocument, not both or neither")], kind="invalid-request")
+    if body.flow is not None:
+        flow: CompiledFlow | None = request.app.state.catalog.get(body.flow)
+        if flow is None:
+            raise ApiProblem(422, f"flow: no flow named {body.flow!r} in this server's --flows folders "
+                                  "(GET /api/v1/flows lists them)", errors=[("$.flow", "unknown flow")],
+                             kind="unknown-flow")
+        return flow
+    try:
+        return kernel_of(request).compile(body.flowDocument or {}, source="<flowDocument>")
+    except FlowValidationError as exc:
+        noun = "problem" if len(exc.problems) == 1 else "problems"
+        raise ApiProblem(422, f"flowDocument: the flow has {len(exc.problems)} {noun}",
+                         errors=[("$.flowDocument" + p.path.removeprefix("$"), p.message) for p in exc.problems],
+                         kind="invalid-flow") from None
+
+
+def _enqueue(kernel: Kernel, flow: CompiledFlow, body: CreateRun) -> tuple[str, bool]:
+    """The run's id, and whether it is new (not the one an earlier request made with this key)."""
+    key = body.idempotencyKey
+    if key is not None and (found := kernel.store.find_idempotent(key)) is not None:
+        return found.runId, False
+    try:
+        return kernel.enqueue(flow, body.input, idempotency_key=key), True
+    except StoreError:
+        # Two requests with one key at once: the store lets one create the run; the other gets it.
+        if key is not None and (found := kernel.store.find_idempotent(key)) is not None:
+            return found.runId, False
+        raise
+
+
+async def wait_until_stopped(request: Request, run_id: str, wait_s: float) -> None:
+    """Return when the run is neither queued nor running, or after ``wait_s`` seconds."""
+    kernel = kernel_of(request)
+    feed: Feed = request.app.state.feed
+    record = await anyio.to_thread.run_sync(kernel.store.get_run, run_id)
+    if record.status not in _MOVING:
+        return
+    with anyio.move_on_after(wait_s):
+        # The feed wakes this on each new event (no polling here); keepalives let the deadline through.
+        async for body in feed.events(run_id, record.seq, keepalive_s=min(wait_s, 15.0) or 1.0):
+            if body is not None and body.startswith(_STOPS):
+                record = await anyio.to_thread.run_sync(kernel.store.get_run, run_id)
+                if record.status not in _MOVING:
+                    return
+
+
+@router.post("/runs", status_code=201, response_model=RunSummary, summary="Start a run (queued for a worker)",
+             responses={200: {"model": RunSummary, "description": "the run this idempotencyKey made before"},
+                        201: {"headers": {"Location": {"description": "the run's URL", "schema": {"type": "string"}}}}})
+async def create_run(request: Request, body: CreateRun, wait: Wait = None) -> Response:
+    kernel = kernel_of(request)
+    flow = _flow_of(request, body)
+    run_id, new = await anyio.to_thread.run_sync(_enqueue, kernel, flow, body)
+    if wait:
+        await wait_until_stopped(request, run_id, wait)
+    summary = await anyio.to_thread.run_sync(kernel.summary, run_id)
+    return json_response(summary, status=201 if new else 200,
+                         headers={"Location": f"{request.url.path}/{run_id}"})
+
+
+def _to_pool(kernel: Kernel, run_id: str, kind: str, message: str | None) -> int:
+    """Resume or retry ``run_id`` through the workers; the seq of its accepting ``command:received``."""
+    record = kernel.store.get_run(run_id)
+    if not record.pooled:
+        raise ApiProblem(409, f"run {run_id} was started by a `flowkernel run` process, not queued for the workers: "
+                              f"continue it with `flowkernel {kind} {run_id}`", kind="not-pooled")
+    if kind == "resume":
+        snap = anyio.run(lambda: kernel.resume(run_id, message if message is not None else "continue", queue=True))
+    else:
+        snap = anyio.run(lambda: kernel.retry(run_id, message=message, queue=True))
+    # Handed to the pool with two events: the accepting command:received, then flow:resumed.
+    return snap.seq - 1
+
+
+@router.post("/runs/{runId}/resume", status_code=202, response_model=Accepted,
+             summary="Continue a paused, failed or interrupted run (a worker executes it)")
+async def resume(request: Request, runId: str, body: Resume | None = None) -> Response:
+    kernel = kernel_of(request)
+    seq = await anyio.to_thread.run_sync(_to_pool, kernel, runId, "resume", body.message if body else None)
+    return json_response({"accepted": True, "seq": seq}, status=202)
+
+
+@router.post("/runs/{runId}/retry", status_code=202, response_model=Accepted,
+             summary="Run the failed nodes of a failed run again (a worker executes it)")
+async def retry(request: Request, runId: str, body: Retry | None = None) -> Response:
+    kernel = kernel_of(request)
+    seq = await anyio.to_thread.run_sync(_to_pool, kernel, runId, "retry", body.message if body else None)
+    return json_response({"accepted": True, "seq": seq}, status=202)
