@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 from flowkernel.errors import FlowValidationError, Problem
@@ -106,13 +107,38 @@ class Flow(_Model):
     edges: list[Edge] = Field(default_factory=list)
 
 
-def json_schema() -> dict[str, Any]:
-    """The JSON Schema of flow files, for editors."""
+def json_schema(node_types: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The JSON Schema of flow files, for editors. Given the registered ``node_types``, a node's ``type``
+    must be one of them and its ``input`` must match that type's ``input_schema``: a ``oneOf`` with one
+    branch per type, keyed by ``type``, so an editor flags ``state.sett`` or an agent without a prompt."""
     schema: dict[str, Any] = _point_to_when(Flow.model_json_schema(by_alias=True))
-    schema.setdefault("$defs", {})["When"] = _WHEN_SCHEMA
+    defs = schema.setdefault("$defs", {})
+    defs["When"] = _WHEN_SCHEMA
+    if node_types is not None:
+        _node_per_type(defs, node_types)
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     schema["title"] = "flowkernel flow"
     return schema
+
+
+def _node_per_type(defs: dict[str, Any], node_types: Mapping[str, Any]) -> None:
+    from flowkernel.jsonschemas import validator
+
+    node = defs["Node"]
+    names = sorted(node_types)
+    node["properties"]["type"] = {**node["properties"]["type"], "enum": names}
+    branches = []
+    for name in names:
+        branch: dict[str, Any] = {"title": name, "properties": {"type": {"const": name}}}
+        input_schema = node_types[name].input_schema if hasattr(node_types[name], "input_schema") else None
+        if isinstance(input_schema, dict):
+            key = f"input:{name}"
+            defs[key] = {"title": f"{name} input", **input_schema}
+            branch["properties"]["input"] = {"$ref": f"#/$defs/{key}"}
+            if not validator(input_schema).is_valid({}):  # a node without `input` has the input {}
+                branch["required"] = ["input"]
+        branches.append(branch)
+    node["oneOf"] = branches
 
 
 def _point_to_when(value: Any) -> Any:

@@ -115,3 +115,68 @@ def _check_refs(schema: dict[str, Any], path: str, problems: list[Problem]) -> N
                 todo.extend((v, f"{where}.{key}.{name}", base) for name, v in value.items())
             elif key not in _DATA_KEYWORDS and isinstance(value, (dict, list)):
                 todo.append((value, f"{where}.{key}", base))
+
+
+def input_problems(schema: dict[str, Any], instance: Any, path: str) -> list[Problem]:
+    """Where ``instance`` (a node's input as written) fails a node type's ``input_schema``, one problem
+    per way, at its JSON path below ``path``, said as the flow's author would fix it."""
+    from jsonschema.exceptions import SchemaError, UnknownType
+    from referencing.exceptions import Unresolvable
+
+    try:
+        errors = list(_input_validator(schema).iter_errors(instance))
+    except (SchemaError, UnknownType, Unresolvable) as exc:  # the node type's bug, not the flow's
+        return [Problem(path, f"the node type's input_schema is not usable: {type(exc).__name__}: {exc}")]
+    problems: list[Problem] = []
+    for err in sorted(errors, key=lambda e: [str(p) for p in e.absolute_path]):
+        problems.extend(_described(err, path))
+    return problems
+
+
+_VALIDATORS: dict[int, tuple[dict[str, Any], Validator]] = {}  # by id(): node types' schemas live as long
+
+
+def _input_validator(schema: dict[str, Any]) -> Validator:
+    cached = _VALIDATORS.get(id(schema))
+    if cached is None or cached[0] is not schema:
+        cached = _VALIDATORS[id(schema)] = (schema, validator(schema))
+    return cached[1]
+
+
+def _where(path: str, parts: Any) -> str:
+    return path + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in parts)
+
+
+def _described(err: Any, path: str) -> list[Problem]:
+    from flowkernel.node import BINDING_SCHEMA
+    from jsonschema.exceptions import best_match
+
+    where = _where(path, err.absolute_path)
+    if err.validator in ("anyOf", "oneOf") and err.context:
+        branches = err.validator_value if isinstance(err.validator_value, list) else []
+        if branches and all(set(b) == {"required"} for b in branches if isinstance(b, dict)):
+            names = " or ".join(f"`{k}`" for b in branches for k in b["required"])
+            return [Problem(where, f"needs {names}")]
+        binding = next((i for i, b in enumerate(branches) if b == BINDING_SCHEMA), None)
+        others = [e for e in err.context if binding is None or e.relative_schema_path[0] != binding]
+        if others:
+            inner = _described(best_match(others), path)
+            if binding is not None:
+                return [Problem(p.path, f"{p.message} (or a {{{{ }}}} binding)") for p in inner]
+            return inner
+    if err.validator == "required":
+        missing = [k for k in err.validator_value if isinstance(err.instance, dict) and k not in err.instance]
+        return [Problem(f"{where}.{k}", "is required") for k in missing] or [Problem(where, err.message)]
+    if err.validator == "additionalProperties" and isinstance(err.instance, dict):
+        import difflib
+
+        known = sorted(err.schema.get("properties", {}))
+        out = []
+        for key in sorted(set(err.instance) - set(known)):
+            close = difflib.get_close_matches(key, known, n=1)
+            hint = f"did you mean {close[0]!r}?" if close else f"known keys: {', '.join(known) or 'none'}"
+            out.append(Problem(f"{where}.{key}", f"unknown key; {hint}"))
+        if out:
+            return out
+    message = err.message if len(err.message) <= 300 else err.message[:300] + "…"  # it quotes the value
+    return [Problem(where, message)]

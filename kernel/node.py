@@ -51,6 +51,9 @@ class CheckedNodeType(NodeType, Protocol):
 
     Optional attributes the compiler also reads (see ``flowkernel.validation``):
 
+    - ``input_schema``: the JSON Schema of the input as written in the flow file (where a value may be
+      a ``{{ }}`` binding, wrap its schema in ``bindable``). ``flowkernel schema`` gives it to editors
+      (one ``oneOf`` branch per node type) and ``validate`` applies it to every node of the type;
     - ``expression_keys``: input keys whose string is a JSONata expression evaluated over the binding
       context (``transform``'s ``expr``), checked like a binding;
     - ``check_names(raw_input, path, known, problems)``: check the names of registered things the input
@@ -58,6 +61,16 @@ class CheckedNodeType(NodeType, Protocol):
     """
 
     def check(self, raw_input: dict[str, Any], path: str, problems: list[Problem]) -> None: ...
+
+
+BINDING_SCHEMA: dict[str, Any] = {"type": "string", "pattern": r"\{\{",
+                                  "description": "A {{ }} binding: its value is known when the node runs."}
+
+
+def bindable(schema: dict[str, Any]) -> dict[str, Any]:
+    """For ``input_schema``: ``schema``, or a string holding a ``{{ }}`` binding (whose value, and so its
+    type, is only known at run time). ``"3"`` still fails an integer: only a binding passes."""
+    return {"anyOf": [schema, BINDING_SCHEMA]}
 
 
 @dataclass(frozen=True, slots=True)

@@ -281,3 +281,20 @@ def _check_node_input(node_type: Any, type_name: str, raw_input: dict[str, Any],
         except Exception as exc:  # a node type's own bug must not hide the flow's problems
             problems.append(Problem(path, f"node type {type_name!r} failed to check its input: "
                                           f"{type(exc).__name__}: {exc}"))
+    schema = getattr(node_type, "input_schema", None)
+    if isinstance(schema, dict):
+        from flowkernel.jsonschemas import input_problems
+
+        # The node type's own checks say it better where they speak; the schema covers the rest.
+        said = [p.path for p in problems if p.path == path or p.path.startswith((f"{path}.", f"{path}["))]
+        problems.extend(p for p in input_problems(schema, raw_input, path)
+                        if not any(_overlaps(p.path, q, path) for q in said))
+
+
+def _overlaps(found: str, said: str, root: str) -> bool:
+    """Whether a schema problem at ``found`` is about what a check already said at ``said``: the same
+    place, or one inside the other (a problem with the whole input does not cover each of its keys)."""
+    if found == said:
+        return True
+    inside = found.startswith((f"{said}.", f"{said}[")) and said != root
+    return inside or said.startswith((f"{found}.", f"{found}["))

@@ -14,6 +14,7 @@ class NoopNode:
     """Outputs its (resolved) input."""
 
     name = "noop"
+    input_schema: dict[str, Any] = {"type": "object", "description": "Anything; the node outputs it, resolved."}
 
     def runs_inline(self, input: Any, registry: Any) -> bool:
         return True
@@ -34,6 +35,11 @@ class TransformNode:
         self._cache: dict[str, Expr] = {}
 
     expression_keys = ("expr",)  # the compiler parses and checks it like a binding
+    input_schema: dict[str, Any] = {
+        "type": "object", "required": ["expr"], "additionalProperties": False,
+        "properties": {"expr": {"type": "string", "description": (
+            "JSONata evaluated over the binding context (bare or wrapped in {{ }}); the node outputs its value.")}},
+    }
 
     def check(self, raw_input: dict[str, Any], path: str, problems: list[Problem]) -> None:
         if not isinstance(raw_input.get("expr"), str):
@@ -67,6 +73,14 @@ class StateSetNode:
     """
 
     name = "state.set"
+    input_schema: dict[str, Any] = {
+        "type": "object", "required": ["path", "value"], "additionalProperties": False,
+        "properties": {
+            "path": {"type": "string", "minLength": 1, "description": "A dotted path in the run's state, e.g. a.b."},
+            "value": {"description": "The value to set, merge (an object) or append; bindings allowed."},
+            "op": {"enum": list(OPS), "default": "set"},
+        },
+    }
 
     def runs_inline(self, input: Any, registry: Any) -> bool:
         return True

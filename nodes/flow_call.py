@@ -10,7 +10,7 @@ from flowkernel.context import NodeContext
 from flowkernel.errors import FlowkernelError, NodeFailure, Problem
 from flowkernel.events import NodeStart
 from flowkernel.localfiles import resolve_inside
-from flowkernel.node import INTERRUPTED, WaitFor
+from flowkernel.node import INTERRUPTED, WaitFor, bindable
 
 if TYPE_CHECKING:
     from flowkernel.api import Kernel
@@ -30,6 +30,15 @@ class FlowCallNode:
     """
 
     name = "flow.call"
+    input_schema: dict[str, Any] = {
+        "type": "object", "required": ["flow"], "additionalProperties": False,
+        "properties": {
+            "flow": {"type": "string", "description": (
+                "The child flow file, relative to this flow's folder (and inside it, or a folder allowed "
+                "with --allow-dir).")},
+            "input": bindable({"type": "object", "description": "The child run's input."}),
+        },
+    }
     cooperative_pause = True
 
     def check(self, raw_input: dict[str, Any], path: str, problems: list[Problem]) -> None:

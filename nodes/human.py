@@ -15,6 +15,14 @@ class HumanInputNode:
     the command is accepted) is the node's output. A ``send`` to it is judged and taken as its reply."""
 
     name = "human.input"
+    input_schema: dict[str, Any] = {
+        "type": "object", "required": ["prompt"], "additionalProperties": False,
+        "properties": {
+            "prompt": {"description": "What to ask (any JSON; bindings allowed), shown with the waiting node run."},
+            "schema": {"type": "object", "description": (
+                "A JSON Schema the reply must match (a reply that does not is refused); $ref only within it.")},
+        },
+    }
 
     def check(self, raw_input: dict[str, Any], path: str, problems: list[Problem]) -> None:
         if "prompt" not in raw_input:

@@ -8,7 +8,7 @@ from typing import Any
 
 from flowkernel.context import NodeContext
 from flowkernel.errors import NodeFailure, Problem
-from flowkernel.node import KnownNames, unknown_name
+from flowkernel.node import KnownNames, bindable, unknown_name
 
 
 class PythonNode:
@@ -19,6 +19,13 @@ class PythonNode:
     """
 
     name = "python"
+    input_schema: dict[str, Any] = {
+        "type": "object", "required": ["function"], "additionalProperties": False,
+        "properties": {
+            "function": {"type": "string", "description": "A function registered by a plugin (never an import path)."},
+            "args": bindable({"type": "object", "description": "Keyword arguments; bindings allowed in values."}),
+        },
+    }
 
     def runs_inline(self, input: Any, registry: Any) -> bool:
         """A sync function blocks the event loop wherever it runs: run it without a task of its own."""

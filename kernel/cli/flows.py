@@ -41,8 +41,9 @@ def cmd_schema(args: argparse.Namespace) -> int:
     import json
 
     from flowkernel.flow import json_schema
+    from flowkernel.registry import default_registry
 
-    print(json.dumps(json_schema(), indent=2))
+    print(json.dumps(json_schema(default_registry().node_types), indent=2))
     return EXIT_OK
 
 

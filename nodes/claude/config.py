@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from flowkernel.errors import NodeFailure, Problem
-from flowkernel.node import check_json_schema
+from flowkernel.node import bindable, check_json_schema
 from flowkernel.nodes.claude.caching import mark_cache_breakpoints
 from flowkernel.nodes.claude.models import ADAPTIVE, BUDGET, traits
 
@@ -22,6 +22,54 @@ EFFORTS = ("low", "medium", "high", "xhigh", "max")
 KEYS = frozenset({"prompt", "messages", "system", "model", "maxTokens", "temperature", "thinking", "maxTurns",
                   "maxTotalTurns", "tools", "outputSchema", "outputRetries", "session", "toolResultMaxBytes",
                   "cache"})
+
+
+
+def _count(minimum: int, description: str, default: int | None = None) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": "integer", "minimum": minimum, "description": description}
+    if default is not None:
+        schema["default"] = default
+    return bindable(schema)
+
+
+# For editors and load-time validation (``flowkernel schema``); ``check_input`` below also checks what a
+# schema cannot say (thinking against the model, budgetTokens below maxTokens) and the resolved input.
+INPUT_SCHEMA: dict[str, Any] = {
+    "type": "object", "additionalProperties": False,
+    "anyOf": [{"required": ["prompt"]}, {"required": ["messages"]}],
+    "properties": {
+        "prompt": {"description": "The first user turn: text with bindings, or Messages API content blocks."},
+        "messages": bindable({"type": "array", "minItems": 1, "description": "A Messages API conversation to start from.",
+                              "items": {"type": "object", "required": ["role", "content"],
+                                        "properties": {"role": {"enum": ["user", "assistant"]}, "content": {}}}}),
+        "system": {"type": "string", "description": "The system prompt."},
+        "model": {"type": "string", "default": DEFAULT_MODEL},
+        "maxTokens": _count(1, "max_tokens of each model call.", DEFAULT_MAX_TOKENS),
+        "temperature": bindable({"type": "number", "minimum": 0, "maximum": 1}),
+        "thinking": bindable({"oneOf": [
+            {"type": "object", "required": ["type"], "additionalProperties": False,
+             "description": "Adaptive thinking, for models that take it.",
+             "properties": {"type": {"const": ADAPTIVE}, "effort": bindable({"enum": list(EFFORTS)})}},
+            {"type": "object", "required": ["budgetTokens"], "additionalProperties": False,
+             "description": "Budgeted thinking: at least 1024 tokens, below maxTokens.",
+             "properties": {"type": {"const": "enabled"},
+                            "budgetTokens": _count(MIN_THINKING_BUDGET, "Thinking tokens per model call.")}},
+        ]}),
+        "maxTurns": _count(1, "Model calls this execution may make.", DEFAULT_MAX_TURNS),
+        "maxTotalTurns": _count(1, "Model calls of the whole conversation, across resumes and loop passes.",
+                                DEFAULT_MAX_TOTAL_TURNS),
+        "tools": bindable({"type": "array", "items": {"type": "string"}, "description": "Registered tool names."}),
+        "outputSchema": bindable({"type": "object", "description": (
+            "A JSON Schema the final answer must match; it becomes structuredOutput.")}),
+        "outputRetries": _count(0, "Extra turns to fix an answer that does not match outputSchema.",
+                                DEFAULT_OUTPUT_RETRIES),
+        "session": bindable({"enum": ["continue", "fresh"], "default": "continue", "description": (
+            "On a loop pass or resume: continue the stored conversation, or start afresh.")}),
+        "toolResultMaxBytes": _count(0, "Longer tool results are cut to this size.", DEFAULT_TOOL_RESULT_MAX_BYTES),
+        "cache": bindable({"type": "boolean", "default": True,
+                           "description": "Mark the stable prefix for prompt caching."}),
+    },
+}
 
 
 @dataclass(frozen=True, slots=True)

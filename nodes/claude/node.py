@@ -32,7 +32,7 @@ from flowkernel.events import USAGE_KEYS, AgentComplete, AgentError, AgentStart,
 from flowkernel.jsonschemas import instance_errors
 from flowkernel.node import INTERRUPTED, Interrupted, KnownNames, WaitFor, unknown_name
 from flowkernel.nodes.claude import spans
-from flowkernel.nodes.claude.config import AgentConfig, build_request, check_input, parse_config
+from flowkernel.nodes.claude.config import INPUT_SCHEMA, AgentConfig, build_request, check_input, parse_config
 from flowkernel.nodes.claude.pricing import Price, cost_usd, find_price, price_table
 from flowkernel.nodes.claude.transcript import Transcript, session_of_run
 from flowkernel.query import ModelMessage, QueryFn
@@ -93,6 +93,7 @@ class ClaudeAgentNode:
     """The ``claude.agent`` node type (DESIGN §7); input as in ``flowkernel.nodes.claude.config``."""
 
     name = "claude.agent"
+    input_schema = INPUT_SCHEMA
     # On pause the model call or tool round in flight finishes and is stored; then the node stops.
     cooperative_pause = True
 
