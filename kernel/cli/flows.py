@@ -54,7 +54,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     # Everything about the input is checked before the store is touched.
     reg = default_registry()
-    flow = load_flow(args.flow, node_types=reg.node_types, functions=reg.functions, tools=reg.tools)
+    # A queued run executes in a worker, with the worker's plugins: its functions and tools are the
+    # worker's to know, not this process's.
+    names = {} if args.queue else {"functions": reg.functions, "tools": reg.tools}
+    flow = load_flow(args.flow, node_types=reg.node_types, **names)
     value = parse_inputs(flow, args.input, args.input_json)
     from flowkernel.api import Kernel
 
