@@ -29,8 +29,17 @@ class Problem:
     path: str
     message: str
 
+    def __post_init__(self) -> None:
+        # Keys and values come from the document: a key "a\nb" must not break the one-line report.
+        object.__setattr__(self, "path", self.path.translate(_ESCAPES))
+        object.__setattr__(self, "message", self.message.translate(_ESCAPES))
+
     def __str__(self) -> str:
         return f"{self.path}: {self.message}"
+
+
+# Control characters (and the Unicode line and paragraph separators) as escapes.
+_ESCAPES = {c: ascii(chr(c))[1:-1] for c in [*range(0x20), 0x7F, 0x85, 0x2028, 0x2029]}
 
 
 class FlowValidationError(InvalidInputError):
