@@ -334,6 +334,10 @@ def test_an_agent_run_from_fixtures_shows_its_conversation_tool_calls_and_answer
     page.get_by_role("tab", name="Agents").click()
     runs = page.locator('details.agent-run[data-node="researcher"]')
     expect(runs).to_have_count(2)
+    resumed = next(a for a in server.api("GET", "/agent-runs", params={"runId": run_id}).json()["items"]
+                   if a["resumedFrom"])
+    expect(runs.last).to_have_attribute("data-agent-run", resumed["agentRunId"])
+    expect(runs.last.locator(".continues")).to_contain_text(resumed["resumedFrom"])
     runs.last.locator("summary").first.click()
     expect(runs.last.locator(".tool-calls tbody tr")).to_have_count(1)
     expect(runs.last.locator(".tool-calls tbody tr")).to_contain_text("ask_human")
@@ -793,3 +797,24 @@ def test_the_timeline_reconnects_after_the_server_restarts_and_misses_or_repeats
         ui.assert_clean(allowed=("Failed to load resource: net::ERR_",))
     finally:
         context.close()
+
+
+def test_an_agent_run_stopped_by_a_pause_is_listed_interrupted_as_the_api_says(
+        open_page: Callable[..., Watched], server: Server, executor: Executor, tmp_path: Path) -> None:
+    flow = {"name": "paused-agent", "nodes": [{"id": "advisor", "type": "claude.agent",
+                                               "input": {"prompt": "Which database?"}}], "edges": []}
+    run_id = executor.start(write_flow(tmp_path, flow), services={"query_fn": SlowAgent()})  # never answers
+    ui = open_page(f"#/runs/{run_id}")
+    page = ui.page
+    page.get_by_role("tab", name="Agents").click()
+    agent = page.locator('details.agent-run[data-node="advisor"]')
+    expect(agent.locator(".badge")).to_have_text("running")
+    expect(agent.locator(".model")).to_have_text(re.compile(r"^claude-"))
+    page.get_by_role("button", name="Pause").click()
+    expect(page.locator(".run-head .badge")).to_have_text("paused")
+    expect(agent.locator(".badge")).to_have_text("interrupted")
+    listed = server.api("GET", "/agent-runs", params={"runId": run_id}).json()["items"]
+    assert [a["status"] for a in listed] == ["interrupted"]
+    steps = f"{listed[0]['stepCount']}" + (f"/{listed[0]['maxSteps']}" if listed[0]["maxSteps"] else "")
+    expect(agent.locator(".steps")).to_have_text(f"{steps} steps")
+    ui.assert_clean()

@@ -56,57 +56,95 @@ function onDemand(label, path) {
 }
 
 export class Agents {
-  constructor() {
+  /** runId: the run whose agent runs these are (GET /agent-runs?runId=…). */
+  constructor(runId) {
+    this.runId = runId;
     this.runs = new Map(); // agent run (node run) id -> entry
-    this.resumed = new Map(); // node run id -> the interrupted node run it continues
+    this.models = new Map(); // agent run id -> model, from its agent:start
+    this.timer = null;
+    this.fetching = false;
+    this.again = false;
     this.list = h("div", { class: "agent-runs" });
     this.empty = h("p", { class: "empty" }, "No agent has run in this run yet.");
-    this.element = h("div", { class: "agents" }, this.empty, this.list);
+    this.problem = h("p", { class: "error-text", hidden: true });
+    this.element = h("div", { class: "agents" }, this.empty, this.problem, this.list);
   }
 
-  /** Follow the run's events: agent runs appear as they start, and open ones reload as they change. */
+  /** Follow the run's events. The agent runs themselves (status, steps, cost) come from the API's own
+   * fold of the events, GET /agent-runs, re-read when an event may have changed them: the page keeps
+   * no rules of its own about when an agent run is interrupted or done. */
   add(event) {
-    if (event.type === "node:start" && event.resumedFrom) this.resumed.set(event.runId, event.resumedFrom);
-    if (event.type === "agent:start" && event.runId && !this.runs.has(event.runId)) {
-      this.register(event);
+    if (event.type === "agent:start" && event.runId) this.models.set(event.runId, event.model);
+    const entry = event.runId ? this.runs.get(event.runId) : null;
+    if (entry && entry.details.open && /^(agent:(text|tool|complete|error)|node:(waiting|complete))$/.test(event.type)) {
+      this.reloadSoon(entry);  // an open conversation grows as it is stored
+    }
+    if (/^(agent:(start|complete|error|tool|text|usage)|node:(start|waiting|complete|error)|flow:)/.test(event.type)) {
+      this.refreshSoon();
+    }
+  }
+
+  refreshSoon() {
+    clearTimeout(this.timer);
+    this.timer = setTimeout(() => this.refresh(), 200);
+  }
+
+  async refresh() {
+    if (this.fetching) {
+      this.again = true;
       return;
     }
-    const entry = event.runId ? this.runs.get(event.runId) : null;
-    if (!entry) return;
-    const status = {
-      "agent:complete": "completed", "agent:error": "failed", "node:waiting": "waiting", "node:error": "failed",
-      "node:start": "running",
-    }[event.type];
-    if (status) this.setStatus(entry, status);
-    if (event.type === "agent:complete") entry.cost.textContent = cost(event.totalCostUsd ?? 0);
-    if (entry.details.open && /^(agent:(text|tool|complete|error)|node:(waiting|complete))$/.test(event.type)) {
-      this.reloadSoon(entry);
+    this.fetching = true;
+    try {
+      const items = await allItems("/agent-runs", { runId: this.runId });
+      this.problem.hidden = true;
+      items.sort((a, b) => a.createdAt - b.createdAt || (a.agentRunId < b.agentRunId ? -1 : 1));
+      for (const item of items) this.show(item);
+    } catch (error) {
+      this.problem.hidden = false;
+      this.problem.textContent = `Could not list the agent runs: ${error.message}`;
+    } finally {
+      this.fetching = false;
+    }
+    if (this.again) {
+      this.again = false;
+      this.refreshSoon();
     }
   }
 
-  register(event) {
-    this.empty.hidden = true;
-    const status = h("span", { class: "badge st-running" }, "running");
-    const costLabel = h("span", { class: "cost" });
-    const body = h("div", { class: "agent-body" }, h("p", { class: "loading" }, "Loading…"));
-    const details = h("details", { class: "agent-run", dataset: { agentRun: event.runId, node: event.nodeId } },
-      h("summary", {}, h("strong", {}, event.nodeId), " ", h("code", {}, event.runId), " ",
-        h("span", { class: "model" }, event.model), " ", status, " ", costLabel,
-        this.resumed.has(event.runId)
-          ? h("span", { class: "continues" }, " continues ", h("code", {}, this.resumed.get(event.runId))) : null),
-      body);
-    const entry = { id: event.runId, nodeId: event.nodeId, details, body, status, cost: costLabel, loaded: false,
-      timer: null };
-    details.addEventListener("toggle", () => {
-      if (details.open && !entry.loaded) this.load(entry);
-    });
-    this.runs.set(event.runId, entry);
-    this.list.append(details);
+  show(item) {
+    let entry = this.runs.get(item.agentRunId);
+    if (!entry) entry = this.register(item);
+    const changed = entry.seen !== `${item.status}/${item.stepCount}`;
+    entry.seen = `${item.status}/${item.stepCount}`;
+    entry.status.className = `badge st-${item.status === "completed" ? "done" : item.status}`;
+    entry.status.textContent = item.status;
+    entry.model.textContent = this.models.get(item.agentRunId) || "";
+    entry.steps.textContent = `${item.stepCount}${item.maxSteps ? `/${item.maxSteps}` : ""} steps`;
+    entry.cost.textContent = cost(item.totalCostUsd ?? 0);
+    entry.error.hidden = !item.errorMessage;
+    entry.error.textContent = item.errorMessage || "";
+    if (changed && entry.details.open) this.reloadSoon(entry);
   }
 
-  setStatus(entry, status) {
-    entry.status.className = `badge st-${status === "completed" ? "done" : status}`;
-    entry.status.textContent = status;
+  register(item) {
+    this.empty.hidden = true;
+    const part = (cls) => h("span", { class: cls });
+    const entry = { id: item.agentRunId, nodeId: item.agentId, status: part("badge"), model: part("model"),
+      steps: part("steps"), cost: part("cost"), error: h("p", { class: "error-text agent-error", hidden: true }),
+      body: h("div", { class: "agent-body" }, h("p", { class: "loading" }, "Loading…")),
+      loaded: false, timer: null, seen: null };
+    entry.details = h("details", { class: "agent-run", dataset: { agentRun: item.agentRunId, node: item.agentId } },
+      h("summary", {}, h("strong", {}, item.agentId), " ", h("code", {}, item.agentRunId), " ", entry.model, " ",
+        entry.status, " ", entry.steps, " ", entry.cost,
+        item.resumedFrom ? h("span", { class: "continues" }, " continues ", h("code", {}, item.resumedFrom)) : null),
+      entry.error, entry.body);
+    entry.details.addEventListener("toggle", () => {
+      if (entry.details.open && !entry.loaded) this.load(entry);
+    });
+    this.runs.set(item.agentRunId, entry);
+    this.list.append(entry.details);
+    return entry;
   }
 
   reloadSoon(entry) {

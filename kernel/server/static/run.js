@@ -84,7 +84,7 @@ export class RunPage {
       h("p", { class: "empty" }, "Select a node to see its status, output and errors."));
     this.actions = new Actions({ runId: this.runId, flow, onCommand: () => this.refreshSoon(0) });
     this.timeline = new Timeline({ onPickSeq: (seq) => this.navigateAt(seq) });
-    this.agents = new Agents();
+    this.agents = new Agents(this.runId);
     this.snapshotPanel = h("div", { class: "snapshot-panel" });
     this.runPanel = h("div", { class: "run-panel" });
     this.errorCount = h("span", { class: "count", hidden: true });
