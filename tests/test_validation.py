@@ -425,3 +425,42 @@ def test_validate_and_run_know_the_functions_plugins_register(tmp_path: Path) ->
     assert res.returncode == 2 and "unknown python function 'shuot'; did you mean 'shout'?" in res.stderr
     assert "fail_first_time" in res.stderr  # the known names are listed
     assert not (tmp_path / "r.db").exists()
+
+
+# --- the same through the command line, where a user meets them --------------------------------------
+
+
+@pytest.mark.parametrize(("case", "doc", "line"), [
+    ("forEach on a node", {"name": "x", "nodes": [{"id": "a", "type": "noop", "forEach": {"in": "[1]"}}]},
+     "$.nodes[0].forEach: forEach belongs on an edge"),
+    ("gate on a node", {"name": "x", "nodes": [{"id": "a", "type": "noop", "gate": "any"}]},
+     "$.nodes[0].gate: gate belongs on the edges into this node"),
+    ("thinking below the minimum", {"name": "x", "nodes": [{"id": "a", "type": "claude.agent", "input": {
+        "prompt": "p", "model": "claude-sonnet-4-6", "thinking": {"budgetTokens": 1023}}}]},
+     "$.nodes[0].input.thinking.budgetTokens: must be an integer of at least 1024"),
+    ("maxIterations as a string", _two(maxIterations="3"), "$.edges[0].maxIterations: "),
+    ("continueOnError as a string", {"name": "x", "nodes": [{"id": "a", "type": "noop",
+                                                             "policy": {"continueOnError": "false"}}]},
+     "$.nodes[0].policy.continueOnError: "),
+    ("a function as a value", {"name": "x", "nodes": [{"id": "a", "type": "noop", "input": {"v": "{{ $sum }}"}}]},
+     "$.nodes[0].input.v: '$sum' is a function, not a value"),
+    ("inputs not a JSON Schema", {"name": "x", "inputs": {"type": "objekt"}, "nodes": [{"id": "a", "type": "noop"}]},
+     "$.inputs.type: not a valid JSON Schema"),
+    ("an empty edge id", _two(id=""), "$.edges[0].id: "),
+])
+def test_validate_names_the_path_of_each_untruthful_flow(case: str, doc: dict[str, object], line: str,
+                                                         tmp_path: Path) -> None:
+    path = tmp_path / "flow.json"
+    path.write_text(json.dumps(doc))
+    res = _validate_cli(path)
+    assert res.returncode == 2 and "Traceback" not in res.stderr, (case, res.stderr)
+    assert f"  {line}" in res.stderr, (case, res.stderr)
+
+
+def test_validate_knows_the_tools_a_plugin_registers(tmp_path: Path) -> None:
+    research = ROOT / "flows" / "research.json"
+    res = _cli(tmp_path, "validate", str(research))
+    assert res.returncode == 2 and "$.nodes[0].input.tools[0]: unknown tool 'lookup_fact'" in res.stderr, res.stderr
+    assert "known: ask_human" in res.stderr
+    ok = _cli(tmp_path, "--plugin", "flowkernel.examples.research_tools", "validate", str(research))
+    assert ok.returncode == 0, ok.stderr
