@@ -9,7 +9,10 @@ Screenshots go to ``test-artifacts/`` (git-ignored).
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -821,4 +824,31 @@ def test_an_agent_run_stopped_by_a_pause_is_listed_interrupted_as_the_api_says(
     assert [a["status"] for a in listed] == ["interrupted"]
     steps = f"{listed[0]['stepCount']}" + (f"/{listed[0]['maxSteps']}" if listed[0]["maxSteps"] else "")
     expect(agent.locator(".steps")).to_have_text(f"{steps} steps")
+    ui.assert_clean()
+
+
+def test_a_run_whose_process_died_is_shown_interrupted_with_how_to_continue_it(
+        open_page: Callable[..., Watched], server: Server, tmp_path: Path) -> None:
+    flow = write_flow(tmp_path, {"name": "orphan", "nodes": [
+        {"id": "work", "type": "python", "input": {"function": "block_first_run"}}], "edges": []})
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "FLOWKERNEL_PLUGINS": "tests.plugins.waiters", "NO_COLOR": "1"}
+    env.pop("FLOWKERNEL_API_TOKEN", None)
+    process = subprocess.Popen([sys.executable, "-m", "flowkernel", "run", str(flow), "--db", server.db, "--json"],
+                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env, cwd=str(ROOT))
+    try:
+        assert process.stdout is not None
+        run_id = json.loads(process.stdout.readline())["flowRunId"]
+        wait_for(lambda: snapshot(server, run_id)["snapshot"]["nodeStatus"].get("work") == "running",
+                 what="work to run")
+    finally:
+        process.kill()  # the run's executor dies mid-node, as after a crash or kill -9
+        process.wait()
+    ui = open_page(f"#/runs/{run_id}")
+    page = ui.page
+    expect(page.locator(".run-head .badge")).to_have_text("interrupted")
+    expect(page.locator(".actions .interrupted-note")).to_contain_text(f"flowkernel resume {run_id}")
+    expect(page.get_by_role("button", name="Abort run")).to_be_visible()
+    expect(page.get_by_role("button", name="Pause")).to_have_count(0)
+    ui.goto("#/")
+    expect(page.locator(f'tr[data-run="{run_id}"] .badge')).to_have_text("interrupted")
     ui.assert_clean()

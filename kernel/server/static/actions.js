@@ -13,6 +13,9 @@ const ALLOWED = {
   waiting: ["reply", "send", "abort"],
   paused: ["resume", "abort"],
   failed: ["retry", "resume"],
+  // Stored as running, but its executor (a `flowkernel run` process) is gone: the API cannot hand
+  // such a run to its workers, so the page says how to continue it (see update()).
+  interrupted: ["abort"],
   completed: [],
   aborted: [],
 };
@@ -61,6 +64,10 @@ export class Actions {
     this.key = key;
     const allowed = ALLOWED[detail.run.status] || [];
     const parts = [];
+    if (detail.run.status === "interrupted") {
+      parts.push(h("p", { class: "interrupted-note" }, "No process executes this run any more: the one that ran it " +
+        "stopped. ", h("code", {}, `flowkernel resume ${this.runId}`), " continues it where it stopped."));
+    }
     if (allowed.includes("reply")) {
       for (const [nodeId, waiting] of Object.entries(snap.waiting || {})) parts.push(this.replyCard(nodeId, waiting));
     }
