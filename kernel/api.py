@@ -9,6 +9,7 @@ The CLI is a thin layer over this module::
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -25,7 +26,9 @@ from flowkernel.commands import Command, CommandOutcome, judge_command
 from flowkernel.compiler import CompiledFlow, compile_flow, load_flow
 from flowkernel.errors import (
     CommandRejectedError,
+    FlowkernelError,
     InvalidInputError,
+    KernelFault,
     LeaseLostError,
     RunBusyError,
     RunInputError,
@@ -523,10 +526,25 @@ class Kernel:
             on_execution(execution)
         try:
             final = await execution.execute(drafts, background=[self._poll_commands, self._keep_lease(lease)])
-        finally:
+        except Exception as exc:
+            self._executing.pop(run_id, None)
+            if isinstance(exc, (StoreError, LeaseLostError)):
+                failure: FlowkernelError = exc  # the run stays as last saved (or goes on elsewhere)
+            else:
+                failure = self._record_fault(run_id, exc, lease)
+            if not execution.lease_released:
+                with contextlib.suppress(FlowkernelError):  # the store may be what failed
+                    self.store.release_lease(run_id, lease)
+            raise failure from None
+        except BaseException:  # cancelled, interrupted: the run stays as last saved, to be resumed
             self._executing.pop(run_id, None)
             if not execution.lease_released:
-                self.store.release_lease(run_id, lease)
+                with contextlib.suppress(FlowkernelError):
+                    self.store.release_lease(run_id, lease)
+            raise
+        self._executing.pop(run_id, None)
+        if not execution.lease_released:
+            self.store.release_lease(run_id, lease)
         if final.parentRunId and final.status in ("completed", "failed", "aborted"):
             await self._wake_parent(final)
         return final
@@ -534,6 +552,22 @@ class Kernel:
     def executing(self, run_id: str) -> RunExecution | None:
         """The execution of ``run_id`` in this kernel, if there is one."""
         return self._executing.get(run_id)
+
+    def _record_fault(self, run_id: str, exc: Exception, lease: Lease) -> FlowkernelError:
+        """The kernel failed while executing ``run_id``: end the run ``failed`` with the error, on top of
+        what was last saved (events applied but not saved are dropped), so it is never left ``running``."""
+        what = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        what = " ".join(what.split())[:500]  # one line, bounded
+        reason = f"internal error: {what}"
+        try:
+            snap = self.snapshot(run_id)
+            if snap.status == "running":
+                self._append_now(snap, [FlowComplete(status="failed", error=reason)], lease)
+        except FlowkernelError as store_exc:
+            return StoreError(f"run {run_id} stopped on an {reason}, and it could not be marked failed: "
+                              f"{store_exc}")
+        return KernelFault(f"run {run_id} failed on an {reason} (a bug in flowkernel or in a node type); "
+                           f"the run is marked failed: `flowkernel show {run_id}`")
 
     async def _wake_parent(self, child: RunSnapshot) -> None:
         """A child finished while its parent waited on it: tell the parent's flow.call node run."""
@@ -627,8 +661,15 @@ class Kernel:
                 await anyio.sleep(self.lease_ttl_ms / 3000)
                 if execution.lease_released:
                     return
-                if not self.store.renew_lease(run_id, lease, now_ms(), self.lease_ttl_ms):
-                    holder = self.store.get_run(run_id).leaseOwner
+                try:
+                    held = self.store.renew_lease(run_id, lease, now_ms(), self.lease_ttl_ms)
+                except StoreError:
+                    continue  # the store is unreachable for now: the run's next commit says so, or this retries
+                if not held:
+                    try:
+                        holder = self.store.get_run(run_id).leaseOwner
+                    except StoreError:
+                        holder = None
                     execution.lose_lease(LeaseLostError(run_id, holder))
                     return
         return renew
@@ -646,13 +687,17 @@ class Kernel:
         token: int | None = None
         seen: set[int] = set()
         while True:
-            current = self._change_token()
-            if current != token:
-                token = current
-                for row in self.store.pending_commands(run_id):
-                    if row.id not in seen:
-                        seen.add(row.id)
-                        execution.deliver(Command.from_json(row.body), row.id)
+            try:
+                current = self._change_token()
+                if current != token:
+                    rows = self.store.pending_commands(run_id)
+                    token = current
+                    for row in rows:
+                        if row.id not in seen:
+                            seen.add(row.id)
+                            execution.deliver(Command.from_json(row.body), row.id)
+            except StoreError:
+                pass  # a dropped connection is replaced on the next poll; a store that stays down fails the next commit
             await anyio.sleep(COMMAND_POLL_S)
 
     async def resume(self, run_id: str, message: str | None = "continue", *,

@@ -106,6 +106,11 @@ class LeaseLostError(FlowkernelError):
         self.holder = holder
 
 
+class KernelFault(FlowkernelError):
+    """The kernel itself failed while executing a run (a bug in flowkernel or in a node type that
+    escaped the node's own error handling). The run is marked ``failed`` with the error recorded."""
+
+
 class NodeFailure(FlowkernelError):
     """Raised by node types for an expected failure; ``error_type`` lands in ``node:error``."""
 

@@ -234,44 +234,49 @@ class RunExecution:
 
     async def _execute(self, first: list[BaseEvent],
                        background: list[Callable[[RunExecution], Coroutine[Any, Any, None]]] | None) -> RunSnapshot:
-        async with anyio.create_task_group() as tg:
-            self._tg = tg
-            for task in background or []:
-                tg.start_soon(task, self)
-            for draft in first:
-                self._append(draft)
-            self._dirty |= set(self.flow.nodes)
-            await self._step()
-            while (self.snap.status == "running" or self._active) and self._lost is None:
-                if self._draining and not self._active:
-                    break  # handed over: the run stays running, for the next executor to continue
-                if self.snap.status != "running":
-                    self._stop_tasks()
-                    if not self._active:
-                        break
-                now = time.monotonic()
-                if now - self._yielded > YIELD_EVERY_S:
-                    # Inline nodes never await: let the command poller and lease renewal run.
-                    self._yielded = now
-                    await anyio.lowlevel.checkpoint()
-                if not self._queue:
-                    self._wakeup = anyio.Event()
-                    if self._flush_at is None:
-                        await self._wakeup.wait()
-                    else:  # observability events are waiting: until they are due, at the latest
-                        with anyio.move_on_after(self._flush_at - time.monotonic()):
+        try:
+            async with anyio.create_task_group() as tg:
+                self._tg = tg
+                for task in background or []:
+                    tg.start_soon(task, self)
+                for draft in first:
+                    self._append(draft)
+                self._dirty |= set(self.flow.nodes)
+                await self._step()
+                while (self.snap.status == "running" or self._active) and self._lost is None:
+                    if self._draining and not self._active:
+                        break  # handed over: the run stays running, for the next executor to continue
+                    if self.snap.status != "running":
+                        self._stop_tasks()
+                        if not self._active:
+                            break
+                    now = time.monotonic()
+                    if now - self._yielded > YIELD_EVERY_S:
+                        # Inline nodes never await: let the command poller and lease renewal run.
+                        self._yielded = now
+                        await anyio.lowlevel.checkpoint()
+                    if not self._queue:
+                        self._wakeup = anyio.Event()
+                        if self._flush_at is None:
                             await self._wakeup.wait()
-                    self._wakeup = None
-                    self._yielded = time.monotonic()
-                batch = list(self._queue)
-                self._queue.clear()
-                for m in batch:
-                    self._handle(m)
+                        else:  # observability events are waiting: until they are due, at the latest
+                            with anyio.move_on_after(self._flush_at - time.monotonic()):
+                                await self._wakeup.wait()
+                        self._wakeup = None
+                        self._yielded = time.monotonic()
+                    batch = list(self._queue)
+                    self._queue.clear()
+                    for m in batch:
+                        self._handle(m)
+                    if self._lost is None:
+                        await self._step()
                 if self._lost is None:
-                    await self._step()
-            if self._lost is None:
-                self._commit(wait=False)
-            tg.cancel_scope.cancel()
+                    self._commit(wait=False)
+                tg.cancel_scope.cancel()
+        except BaseExceptionGroup as group:
+            # The task group wraps whatever stopped it; callers (and the CLI's one-line errors) want
+            # the error itself.
+            raise _first_error(group) from None
         if self._lost is not None:
             raise self._lost
         return self.snap
@@ -618,7 +623,8 @@ class RunExecution:
                 w.error = exc
                 w.done.set()
             self._stop_tasks()
-            raise StoreError(f"run {self.snap.runId}: cannot save the snapshot, stopping: {exc}") from exc
+            raise StoreError(f"run {self.snap.runId}: cannot save the snapshot, stopping: {exc}; nothing saved is "
+                             f"lost: `flowkernel resume {self.snap.runId}` continues the run from there") from exc
         for w in waiters:
             w.done.set()
         for ev in applied if self._listeners else ():
@@ -686,7 +692,9 @@ class RunExecution:
                             result = await node_type.run(ctx)
                     else:
                         result = await node_type.run(ctx)
-            except Exception as exc:
+            except (Exception, SystemExit) as exc:
+                # SystemExit from a function a node calls is that node's failure: it must not end the
+                # process (and every other run it executes) with the run left half-done.
                 error_type, message = _describe(exc, policy.timeoutMs)
                 will_retry = attempt < max_attempts and not self._pause
                 self.submit(NodeError(nodeId=node.id, runId=run_id, item=start.item, errorType=error_type,
@@ -779,7 +787,7 @@ TRACEBACK_FRAMES = 30  # the innermost ones: where the code that failed was
 TRACEBACK_CHARS = 16_000
 
 
-def _traceback(exc: Exception, timeout_ms: int | None) -> Any:
+def _traceback(exc: BaseException, timeout_ms: int | None) -> Any:
     """``{"traceback": ...}`` for an exception no node type raised on purpose (a bug in a function, a
     tool, a plugin): the message alone rarely says where. Expected failures (NodeFailure, timeouts,
     flowkernel's own errors) carry their meaning in the message, and a NodeFailure its own details
@@ -796,11 +804,27 @@ def _traceback(exc: Exception, timeout_ms: int | None) -> Any:
     return {"traceback": text}
 
 
-def _describe(exc: Exception, timeout_ms: int | None) -> tuple[str, str]:
+def _first_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The error to report from a task group's exception group: a flowkernel error if there is one
+    (it carries the message meant for the user), else the first one."""
+    leaves: list[BaseException] = []
+    pending: list[BaseException] = [group]
+    while pending:
+        exc = pending.pop(0)
+        if isinstance(exc, BaseExceptionGroup):
+            pending[:0] = list(exc.exceptions)
+        else:
+            leaves.append(exc)
+    return next((e for e in leaves if isinstance(e, FlowkernelError)), leaves[0])
+
+
+def _describe(exc: BaseException, timeout_ms: int | None) -> tuple[str, str]:
     if isinstance(exc, TimeoutError) and timeout_ms:
         return "timeout", f"timed out after {timeout_ms} ms"
     if isinstance(exc, NodeFailure):
         return exc.error_type, str(exc)
     if isinstance(exc, FlowkernelError):
         return type(exc).__name__, str(exc)
+    if not isinstance(exc, Exception):  # SystemExit and the like: say what was raised
+        return type(exc).__name__, f"raised {type(exc).__name__}({exc})"
     return type(exc).__name__, str(exc) or type(exc).__name__

@@ -71,7 +71,7 @@ def add_parsers(sub: Any) -> None:
 def cmd_runs(args: argparse.Namespace) -> int:
     from flowkernel.summaries import detail_view, summaries
 
-    with opened(args) as kernel:
+    with opened(args, readonly=True) as kernel:
         wanted = "running" if args.status == "interrupted" else args.status
         records = kernel.runs(status=wanted, parent=args.parent, limit=args.limit)
         if args.status is not None:  # `running` lists the runs a process executes; `interrupted` the others
@@ -129,7 +129,7 @@ def _show_history(kernel: Kernel, args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    with opened(args) as kernel:
+    with opened(args, readonly=True) as kernel:
         if args.messages or args.tool_calls:
             return _show_history(kernel, args)
         if args.json:
@@ -156,7 +156,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_events(args: argparse.Namespace) -> int:
-    with opened(args) as kernel:
+    with opened(args, readonly=True) as kernel:
         kernel.store.get_run(args.run)
         emit = printer(args, lambda: kernel.events(args.run, until=args.after))
         if not args.follow:
@@ -183,7 +183,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if args.speed < 0:
         raise InvalidInputError(f"--speed {args.speed:g}: must be 0 (no pacing) or a positive factor")
     emit = printer(args)
-    with opened(args) as kernel:
+    with opened(args, readonly=True) as kernel:
         flow = kernel.flow_of(args.run)
         events = kernel.events(args.run)
         stored = kernel.snapshot(args.run)

@@ -28,20 +28,21 @@ def add_json(sp: argparse.ArgumentParser) -> None:
 
 
 @contextmanager
-def opened(args: argparse.Namespace, *, create: bool = False) -> Iterator[Kernel]:
-    """The kernel for one command, its store closed however the command ends."""
-    kernel = kernel_for(args, create=create)
+def opened(args: argparse.Namespace, *, create: bool = False, readonly: bool = False) -> Iterator[Kernel]:
+    """The kernel for one command, its store closed however the command ends. ``readonly``: the
+    command only reads (it then works on a database it cannot write)."""
+    kernel = kernel_for(args, create=create, readonly=readonly)
     try:
         yield kernel
     finally:
         kernel.close()
 
 
-def kernel_for(args: argparse.Namespace, *, create: bool = False) -> Kernel:
+def kernel_for(args: argparse.Namespace, *, create: bool = False, readonly: bool = False) -> Kernel:
     from flowkernel.api import Kernel
     from flowkernel.store.open import open_store
 
-    return Kernel(open_store(args.db, create=create), settings=settings_of(args))
+    return Kernel(open_store(args.db, create=create, readonly=readonly), settings=settings_of(args))
 
 
 def settings_of(args: argparse.Namespace) -> RunSettings:

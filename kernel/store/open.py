@@ -15,8 +15,9 @@ def default_url() -> str:
     return os.environ.get("FLOWKERNEL_DB") or DEFAULT_DB
 
 
-def open_store(url: str | None = None, *, create: bool = True) -> Store:
-    """Open the store named by ``url`` (or ``FLOWKERNEL_DB``, or the default SQLite file)."""
+def open_store(url: str | None = None, *, create: bool = True, readonly: bool = False) -> Store:
+    """Open the store named by ``url`` (or ``FLOWKERNEL_DB``, or the default SQLite file). ``readonly``:
+    the caller only reads, so a SQLite file is opened read-only (it may be on a read-only mount)."""
     url = url or default_url()
     if url == "memory":
         from flowkernel.store.memory import MemoryStore
@@ -35,4 +36,4 @@ def open_store(url: str | None = None, *, create: bool = True) -> Store:
         raise InvalidInputError(f"--db {url}: unknown store; use a SQLite file path or postgresql://…")
     from flowkernel.store.sqlite import SqliteStore
 
-    return SqliteStore(Path(url), create=create)
+    return SqliteStore(Path(url), create=create, readonly=readonly)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
+import urllib.parse
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
@@ -30,29 +31,65 @@ class SqliteStore(SqlStore):
     _RUN_EXISTS: ClassVar[str | None] = None
     _OUT_OF_ORDER: ClassVar[str] = "run {run}: events out of order ({detail}); is another process executing it?"
 
-    def __init__(self, path: str | Path, *, create: bool = True) -> None:
+    def __init__(self, path: str | Path, *, create: bool = True, readonly: bool = False) -> None:
+        """``readonly``: only read (``runs``, ``show``, ``events``), which works on a read-only mount too."""
         self.path = Path(path)
         super().__init__(str(self.path))
-        if not create and not self.path.exists():
+        if (readonly or not create) and not self.path.exists():
             raise StoreError(f"{self.path}: no such database; a run creates it")
         if self.path.exists() and self.path.is_dir():
             raise StoreError(f"{self.path}: is a directory, not a database file")
-        if create:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-        timeout = float(os.environ.get("FLOWKERNEL_BUSY_TIMEOUT_MS", "5000")) / 1000
+        if create and not readonly:
+            _make_folder(self.path)
+        self._timeout = float(os.environ.get("FLOWKERNEL_BUSY_TIMEOUT_MS", "5000")) / 1000
         self._lock = threading.RLock()
+        self.readonly = readonly
         try:
-            self._db = sqlite3.connect(self.path, timeout=timeout, isolation_level=None, check_same_thread=False)
+            self._db = self._connect_readonly() if readonly else self._connect(str(self.path), uri=False)
+            if readonly and self._db.execute("PRAGMA user_version").fetchone()[0] < SCHEMA_VERSION:
+                # An older schema is upgraded first, which takes a writer.
+                self._db.close()
+                self.readonly = False
+                self._db = self._connect(str(self.path), uri=False)
             self._prepare()
         except sqlite3.DatabaseError as exc:
             raise self._error(exc) from None
 
+    def _connect(self, target: str, *, uri: bool) -> sqlite3.Connection:
+        return sqlite3.connect(target, timeout=self._timeout, isolation_level=None, check_same_thread=False, uri=uri)
+
+    def _connect_readonly(self) -> sqlite3.Connection:
+        """A connection that never writes. Reading a WAL database needs its ``-shm`` file; on a read-only
+        folder that cannot be created, and a database without a ``-wal`` file is then read as immutable
+        (everything committed is in the main file)."""
+        base = "file:" + urllib.parse.quote(str(self.path.resolve())) + "?mode=ro"
+        db = self._connect(base, uri=True)
+        try:
+            db.execute("SELECT count(*) FROM sqlite_master").fetchone()
+            return db
+        except sqlite3.OperationalError as exc:
+            db.close()
+            if getattr(exc, "sqlite_errorname", "") != "SQLITE_CANTOPEN" or Path(f"{self.path}-wal").exists():
+                raise
+        return self._connect(base + "&immutable=1", uri=True)
+
     def _error(self, exc: sqlite3.Error) -> StoreError:
         text = str(exc)
+        code = getattr(exc, "sqlite_errorname", "")
         if "locked" in text or "busy" in text:
             return StoreError(f"{self.path}: database is locked by another process ({text}); try again")
         if "not a database" in text or "malformed" in text or "corrupt" in text:
             return StoreError(f"{self.path}: not a flowkernel database or corrupt ({text})")
+        if code.startswith("SQLITE_FULL") or "disk is full" in text:
+            return StoreError(f"{self.path}: database or disk is full; free space and try again")
+        if code.startswith("SQLITE_READONLY") or "readonly database" in text:
+            return StoreError(f"{self.path}: the database is read-only here ({text}); commands that only read "
+                              f"(runs, show, events) still work")
+        if code.startswith("SQLITE_CANTOPEN"):
+            return StoreError(f"{self.path}: cannot open the database ({text}); the file and its folder must be "
+                              f"readable, and writable for commands that change runs")
+        if code.startswith("SQLITE_IOERR") or "disk I/O error" in text:
+            return StoreError(f"{self.path}: disk I/O error ({code or text})")
         return StoreError(f"{self.path}: {text}")
 
     def _prepare(self) -> None:
@@ -63,6 +100,8 @@ class SqliteStore(SqlStore):
             raise StoreError(f"{self.path}: schema version {version} is newer than this flowkernel's {SCHEMA_VERSION}")
         if version == 0 and tables:
             raise StoreError(f"{self.path}: not a flowkernel database (it has other tables)")
+        if self.readonly:
+            return
         if db.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
             db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=FULL")
@@ -148,10 +187,31 @@ class _Transaction:
                     return
                 except sqlite3.Error as error:
                     exc = error
-            store._db.execute("ROLLBACK")
+            _rollback(store._db)
             if isinstance(exc, sqlite3.IntegrityError) and self._conflict is not None:
                 raise StoreError(self._conflict.format(location=store.location, run=self._run, detail=exc)) from None
             if isinstance(exc, sqlite3.Error):
                 raise store._error(exc) from None
         finally:
             store._lock.release()
+
+
+def _make_folder(path: Path) -> None:
+    """Create the database's folder, or say in one line why it cannot be (``--db /etc/passwd/x.db``)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        blocker = next((p for p in path.parents if p.exists()), None)
+        if blocker is not None and not blocker.is_dir():
+            raise StoreError(f"{path}: {blocker} is a file, not a folder; choose another --db path") from None
+        raise StoreError(f"{path}: cannot create the folder {path.parent}: {exc.strerror or exc}") from None
+
+
+def _rollback(db: sqlite3.Connection) -> None:
+    """Undo the open transaction, if there still is one: after "disk full" or an I/O error SQLite may
+    have rolled it back itself, and a ROLLBACK that fails must not hide the error that caused it."""
+    if db.in_transaction:
+        try:
+            db.execute("ROLLBACK")
+        except sqlite3.Error:
+            pass  # the connection is unusable now; the caller reports the first error

@@ -1,0 +1,73 @@
+"""A run is never left ``running`` by a failure of the kernel itself or a node type's bug that escapes
+the node's own error handling: the run ends ``failed`` with the error recorded, and the CLI says so in
+one line."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+PLUGIN = "tests.plugins.faulty"
+
+
+def fk(*args: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "flowkernel.cli", "--plugin", PLUGIN, *args], cwd=cwd, env=env,
+                          text=True, capture_output=True, timeout=60)
+
+
+def write_flow(tmp_path: Path, nodes: list[dict[str, Any]]) -> str:
+    path = tmp_path / "flow.json"
+    edges = [{"from": a["id"], "to": b["id"]} for a, b in itertools.pairwise(nodes)]
+    path.write_text(json.dumps({"name": "faulty", "nodes": nodes, "edges": edges}))
+    return str(path)
+
+
+def stored(run_id: str, tmp_path: Path, env: dict[str, str]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    show = json.loads(fk("show", run_id, "--json", cwd=tmp_path, env=env).stdout)
+    events = [json.loads(line) for line in fk("events", run_id, "--json", cwd=tmp_path, env=env).stdout.splitlines()]
+    return show, events
+
+
+@pytest.mark.parametrize(("node_type", "error"), [
+    ("faulty.event", "KeyError: 'no-such-edge'"),  # an event the reducer cannot apply
+    ("faulty.probe", "AttributeError: 'NoneType' object has no attribute 'inline'"),  # a bug in the shell's call
+])
+def test_a_node_type_bug_that_escapes_into_the_kernel_fails_the_run_with_the_error_recorded(
+        node_type: str, error: str, tmp_path: Path, clean_env: dict[str, str]) -> None:
+    flow = write_flow(tmp_path, [{"id": "first", "type": "noop", "input": {"n": 1}},
+                                 {"id": "buggy", "type": node_type, "input": {}}])
+    run = fk("run", flow, "--json", cwd=tmp_path, env=clean_env)
+    assert run.returncode == 1
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in run.stderr, run.stderr
+    run_id = json.loads(run.stdout.splitlines()[0])["flowRunId"]
+    assert f"run {run_id} failed on an internal error: {error}" in lines[0]
+
+    show, events = stored(run_id, tmp_path, clean_env)
+    assert show["run"]["status"] == "failed" and error in show["run"]["error"]
+    assert show["snapshot"]["status"] == "failed"
+    assert events[-1]["type"] == "flow:complete" and events[-1]["status"] == "failed"
+    assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
+    assert show["snapshot"]["outputs"]["first"] == {"n": 1}  # what was saved before the fault stays
+
+
+def test_sys_exit_in_a_python_function_fails_its_node_not_the_process(tmp_path: Path,
+                                                                     clean_env: dict[str, str]) -> None:
+    flow = write_flow(tmp_path, [{"id": "quits", "type": "python", "input": {"function": "faulty.exit"}},
+                                 {"id": "after", "type": "noop", "input": {}}])
+    run = fk("run", flow, "--json", cwd=tmp_path, env=clean_env)
+    assert run.returncode == 1  # not the 3 the function passed to sys.exit
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and "raised SystemExit(3)" in lines[0], run.stderr
+    run_id = json.loads(run.stdout.splitlines()[0])["flowRunId"]
+    show, events = stored(run_id, tmp_path, clean_env)
+    assert show["run"]["status"] == "failed"
+    error = next(e for e in events if e["type"] == "node:error")
+    assert error["nodeId"] == "quits" and error["errorType"] == "SystemExit"
+    assert show["snapshot"]["nodeStatus"]["after"] == "pending"
