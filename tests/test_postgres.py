@@ -16,6 +16,7 @@ import sys
 import threading
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import anyio
@@ -61,14 +62,11 @@ def _with_schema(url: str, schema: str) -> str:
     return f"{url}{'&' if '?' in url else '?'}options=-csearch_path%3D{schema}"
 
 
-@pytest.fixture
-def pg_url() -> Iterator[str]:
-    """A PostgreSQL URL whose tables live in a schema of their own, dropped after the test."""
-    if _PROBLEM is not None:
-        pytest.skip(_PROBLEM)
+@contextmanager
+def schema_url(base: str) -> Iterator[str]:
+    """``base`` with a fresh schema of its own as the search path; the schema is dropped afterwards."""
     import psycopg
 
-    base = os.environ[ENV_VAR]
     schema = f"fk_test_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(base, autocommit=True) as admin:
         admin.execute(f"CREATE SCHEMA {schema}")
@@ -77,6 +75,15 @@ def pg_url() -> Iterator[str]:
     finally:
         with psycopg.connect(base, autocommit=True) as admin:
             admin.execute(f"DROP SCHEMA {schema} CASCADE")
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    """A PostgreSQL URL whose tables live in a schema of their own, dropped after the test."""
+    if _PROBLEM is not None:
+        pytest.skip(_PROBLEM)
+    with schema_url(os.environ[ENV_VAR]) as url:
+        yield url
 
 
 def _pg_store(url: str) -> Store:

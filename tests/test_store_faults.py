@@ -5,6 +5,8 @@ and the run recoverable once the fault is gone."""
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -13,6 +15,8 @@ from pathlib import Path
 import pytest
 
 from tests.mounts import MountNamespace
+from tests.proxy import CuttableProxy
+from tests.test_postgres import ENV_VAR, needs_pg, schema_url
 
 BLOB = "x" * 100_000
 
@@ -168,3 +172,89 @@ def test_read_commands_work_on_a_database_on_a_read_only_mount(left: str, tmp_pa
     assert writer.returncode == 1
     assert_one_line(writer.stderr, db)
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    """A PostgreSQL URL whose tables live in a schema of their own."""
+    with schema_url(os.environ[ENV_VAR]) as url:
+        yield url
+
+
+@needs_pg
+def test_postgres_unreachable_is_one_line(tmp_path: Path, clean_env: dict[str, str], pg_url: str) -> None:
+    proxy = CuttableProxy(_pg_target(pg_url))
+    proxy.cut()
+    try:
+        url = _via(pg_url, proxy.port)
+        for args in (["run", str(growing_flow(tmp_path))], ["runs"]):
+            res = fk(*args, "--db", url, cwd=tmp_path, env=clean_env)
+            assert res.returncode == 1
+            assert_one_line(res.stderr, "cannot reach the PostgreSQL server", f"127.0.0.1:{proxy.port}")
+            assert "flowkernel:***@" in res.stderr  # never the password
+    finally:
+        proxy.close()
+
+
+@needs_pg
+def test_postgres_gone_mid_run_is_one_line_and_the_run_resumes_when_it_is_back(
+        tmp_path: Path, clean_env: dict[str, str], pg_url: str) -> None:
+    proxy = CuttableProxy(_pg_target(pg_url))
+    url = _via(pg_url, proxy.port)
+    release = tmp_path / "release"
+    flow = tmp_path / "waits.json"
+    flow.write_text(json.dumps({"name": "waits", "nodes": [
+        {"id": "first", "type": "noop", "input": {"n": 1}},
+        {"id": "wait", "type": "python", "input": {"function": "faulty.wait_for_file", "args": {"path": str(release)}}},
+        {"id": "last", "type": "noop", "input": {"got": "{{ wait }}"}}],
+        "edges": [{"from": "first", "to": "wait"}, {"from": "wait", "to": "last"}]}))
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "flowkernel.cli", "--plugin", "tests.plugins.faulty", "run",
+                                 str(flow), "--db", url, "--json"], cwd=tmp_path, env=clean_env, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert proc.stdout is not None and proc.stderr is not None
+        try:
+            shown = []
+            for line in proc.stdout:
+                shown.append(json.loads(line))
+                if shown[-1]["type"] == "node:start" and shown[-1]["nodeId"] == "wait":
+                    break
+            proxy.cut()  # the server goes away while the node runs
+            release.write_text("done")
+            shown += [json.loads(line) for line in proc.stdout]
+            assert proc.wait(timeout=60) == 1
+            stderr = proc.stderr.read()
+        finally:
+            proc.kill()
+            proc.communicate(timeout=10)
+        run_id = shown[0]["flowRunId"]
+        assert_one_line(stderr, f"run {run_id}: cannot save the snapshot", f"PostgreSQL server at 127.0.0.1:{proxy.port}",
+                        f"flowkernel resume {run_id}")
+
+        proxy.restore()  # the server is back
+        [record] = [json.loads(line) for line in fk("runs", "--json", "--db", url, cwd=tmp_path,
+                                                      env=clean_env).stdout.splitlines()]
+        assert record["status"] == "running"
+        stored = [json.loads(line) for line in fk("events", run_id, "--json", "--db", url, cwd=tmp_path,
+                                                  env=clean_env).stdout.splitlines()]
+        assert stored == shown  # what was shown was saved; nothing after the cut was
+        resumed = subprocess.run([sys.executable, "-m", "flowkernel.cli", "--plugin", "tests.plugins.faulty", "resume",
+                                  run_id, "--db", url, "--json"], cwd=tmp_path, env=clean_env, text=True,
+                                 capture_output=True, timeout=60)
+        assert resumed.returncode == 0, resumed.stderr
+        show = json.loads(fk("show", run_id, "--json", "--db", url, cwd=tmp_path, env=clean_env).stdout)
+        assert show["snapshot"]["status"] == "completed" and show["snapshot"]["outputs"]["last"] == {"got": "done"}
+    finally:
+        proxy.close()
+
+
+def _pg_target(url: str) -> tuple[str, int]:
+    from psycopg import conninfo
+
+    params = conninfo.conninfo_to_dict(url)
+    return str(params.get("host") or "127.0.0.1"), int(params.get("port") or 5432)
+
+
+def _via(url: str, port: int) -> str:
+    """``url`` with its host and port replaced by the proxy's."""
+    return re.sub(r"@[^/@]+/", f"@127.0.0.1:{port}/", url, count=1)

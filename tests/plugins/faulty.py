@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Any
 
+import anyio
 from flowkernel.context import NodeContext
 from flowkernel.events import LoopIterate
 from flowkernel.registry import register_function, register_node_type
@@ -14,6 +16,14 @@ from flowkernel.registry import register_function, register_node_type
 def exit_process(code: int = 3) -> None:
     """Calls ``sys.exit``, as a careless script would."""
     sys.exit(code)
+
+
+@register_function("faulty.wait_for_file")
+async def wait_for_file(path: str) -> str:
+    """Waits until the test creates ``path``: the test decides when this node finishes."""
+    while not Path(path).exists():
+        await anyio.sleep(0.02)
+    return Path(path).read_text()
 
 
 class BadProbe:
