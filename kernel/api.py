@@ -46,6 +46,7 @@ from flowkernel.events import (
     encode,
 )
 from flowkernel.ids import new_run_id, now_ms
+from flowkernel.offload import limits_from_env
 from flowkernel.reducer import fold, initial_snapshot
 from flowkernel.registry import Registry, default_registry
 from flowkernel.runner import COMMAND_POLL_S, EventListener, RunExecution
@@ -145,6 +146,8 @@ class Kernel:
         self.services.setdefault("kernel", self)
         self.settings = settings or RunSettings()
         self._mocks: dict[str, Any] = {}
+        # Read (and checked) before any run is created: a bad FLOWKERNEL_EXPR_* is an input error.
+        self.services.setdefault("expression_limits", limits_from_env())
         self.owner = _owner_id()
         self.lease_ttl_ms = lease_ttl_ms
         self._executing: dict[str, RunExecution] = {}

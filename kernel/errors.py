@@ -122,3 +122,7 @@ class NodeFailure(FlowkernelError):
 
 class ExpressionError(FlowkernelError):
     """A JSONata expression failed to evaluate."""
+
+
+class ExpressionLimitError(ExpressionError):
+    """A JSONata expression went past a time, depth or size limit (``flowkernel.expression_bounds``)."""

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 import jsonata
 from flowkernel.errors import ExpressionError, Problem
+from flowkernel.expression_bounds import evaluate_open, guard, is_bounded, own_jsonata_instance, regex_engine
 
 # What jsonata-python returns for a function value (a builtin, a lambda or a partial application).
 _FUNCTIONS = (jsonata.Jsonata.JFunctionCallable, jsonata.parser.Parser.Symbol)
@@ -36,19 +37,27 @@ def _plain_path(source: str) -> tuple[str, ...] | None:
 
 
 class Expr:
-    """One compiled JSONata expression."""
+    """One compiled JSONata expression.
 
-    __slots__ = ("_compiled", "_path", "source")
+    ``bounded`` expressions (see ``flowkernel.expression_bounds``) are evaluated as they are; open ones
+    under time, depth and size limits.
+    """
+
+    __slots__ = ("_compiled", "_path", "bounded", "source")
 
     def __init__(self, source: str) -> None:
         self.source = source
-        self._compiled = jsonata.Jsonata(source)
+        self._compiled = jsonata.Jsonata(source, regex_engine)
+        own_jsonata_instance()  # constructing made this expression the thread's own instance: undo that
         # Inputs are plain JSON already (events are JSON round-tripped), so skip the per-call walk.
         self._compiled.set_validate_input(False)
         # Most bindings are a plain path (``planner.text``, ``agent.transcript``). Through maps it is a
         # lookup per name, with the value JSONata gives; JSONata itself walks the whole result (it
         # converts its null marker), which would make binding a long list cost its length.
         self._path = _plain_path(source)
+        self.bounded = is_bounded(self._compiled.ast)
+        if not self.bounded:
+            guard(self._compiled)
 
     @property
     def ast(self) -> Any:
@@ -67,10 +76,16 @@ class Expr:
                     return None
             else:
                 return value
-        try:
-            value = self._compiled.evaluate(context, dict(variables) if variables else None)
-        except Exception as exc:  # jsonata raises bare RuntimeErrors and the odd TypeError
-            raise ExpressionError(f"{self.source!r}: {exc}") from None
+        # Variables always go in a frame of this call's own: the expression may be evaluated in two
+        # threads at once, and without one jsonata binds ``$`` in the expression's shared frame.
+        bindings = dict(variables) if variables else {}
+        if not self.bounded:
+            value = evaluate_open(self._compiled, self.source, context, bindings)
+        else:
+            try:
+                value = self._compiled.evaluate(context, bindings)
+            except Exception as exc:  # jsonata raises bare RuntimeErrors and the odd TypeError
+                raise ExpressionError(f"{self.source!r}: {exc}") from None
         if isinstance(value, _FUNCTIONS):  # no JSON value: it would fail later, far from its cause
             raise ExpressionError(f"{self.source!r} evaluates to a function, not a value")
         return value

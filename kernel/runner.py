@@ -54,13 +54,15 @@ from flowkernel.events import (
     decode,
     encoder,
 )
+from flowkernel.expression_bounds import INLINE_ONLY, NeedsThread, Scope, set_scope
 from flowkernel.expressions import is_constant
 from flowkernel.ids import new_node_run_id
 from flowkernel.node import Interrupted, WaitFor
+from flowkernel.offload import CANCELLED, call_off_loop, expression_limits
 from flowkernel.packing import LEAF, PACKED_PREFIX, Packer
 from flowkernel.reducer import ALL, apply, own
 from flowkernel.registry import Registry
-from flowkernel.scheduling import Progress, decide
+from flowkernel.scheduling import Decision, Progress, decide
 from flowkernel.snapshot import InboxMessage, RunSnapshot
 from flowkernel.store.base import EventRow, Lease, RunTotals, Store
 from flowkernel.store.fenced import fenced
@@ -168,6 +170,8 @@ class RunExecution:
         self._draining = False
         # The run's agent runs still open, kept in the agent_runs table by each commit (flows with agents).
         self._agents = AgentRunFold.for_run(flow, self.snap, store)
+        self._limits = expression_limits(self._services)
+        self._deciding: tuple[Scope, anyio.Event] | None = None  # a decision computing in a worker thread
 
     # -- what node contexts use -------------------------------------------------------------
 
@@ -188,6 +192,16 @@ class RunExecution:
         self._queue.append(msg)
         if self._wakeup is not None:
             self._wakeup.set()
+        if type(msg) is _Incoming and msg.command.kind in ("pause", "abort"):
+            self._abandon_decision()
+
+    def _abandon_decision(self) -> None:
+        """A decision computing off the loop must not hold a pause, abort or hand-over up: abandon it
+        (see _decide_off_loop); it is made again afterwards if the run goes on."""
+        if self._deciding is not None:
+            scope, ready = self._deciding
+            scope.cancel()
+            ready.set()
 
     def submit(self, draft: BaseEvent) -> None:
         self._put(draft)
@@ -294,6 +308,7 @@ class RunExecution:
         """Stop starting node runs; the execution ends when those in flight have finished (or been
         stopped with ``stop_node_runs``), leaving the run ``running`` for another executor."""
         self._draining = True
+        self._abandon_decision()
         self._put(_Wake())
 
     def stop_node_runs(self, *, cooperative: bool) -> None:
@@ -489,9 +504,20 @@ class RunExecution:
                 n = heapq.heappop(ready)[1]
                 queued.discard(n)
                 candidates.add(n)
-            decision = decide(self.flow, self.snap, candidates, self.flow.max_concurrency - room, not ready,
-                              self._progress)
+            running, finish = self.flow.max_concurrency - room, not ready
             self._dirty = set()
+            decision = self._decide(candidates, running, finish)
+            if decision is None:
+                # What is decided so far is saved, shown and started before an open expression computes.
+                self._commit()
+                if self._lost is not None:
+                    return
+                await self._launch()
+                decision = await self._decide_off_loop(candidates, running, finish)
+                if decision is None:
+                    # A pause, abort or hand-over came in meanwhile: it goes first; these are decided again after.
+                    self._dirty |= candidates
+                    break
             for n in decision.deferred:
                 if n not in queued:
                     queued.add(n)
@@ -519,6 +545,10 @@ class RunExecution:
         self._commit()
         if self._lost is not None:
             return
+        await self._launch()
+
+    async def _launch(self) -> None:
+        """Start the node runs decided (and saved)."""
         launch, self._to_launch = self._to_launch, []
         if self.snap.status == "running" and self._tg is not None:
             for s in launch:
@@ -529,6 +559,45 @@ class RunExecution:
                 scope = anyio.CancelScope()
                 self._active[self._active_key(s)] = scope
                 self._tg.start_soon(self._run_node, s, scope)
+
+    def _decide(self, candidates: set[str], running: int, finish: bool) -> Decision | None:
+        """What the scheduling rules decide now, or None if that needs an open expression (one that
+        is not bounded by construction): those are not evaluated on the event loop."""
+        previous = set_scope(INLINE_ONLY)
+        try:
+            return decide(self.flow, self.snap, candidates, running, finish, self._progress)
+        except NeedsThread:
+            return None
+        finally:
+            set_scope(previous)
+
+    async def _decide_off_loop(self, candidates: set[str], running: int, finish: bool) -> Decision | None:
+        """The same pure decision, made in a worker thread on a copy of the snapshot, under the run's
+        expression limits, while the loop goes on receiving node events and commands. A pause or abort
+        abandons it (None): its thread stops at the evaluation's next step, and the run's task group
+        waits for it. A limit that fires is part of the decision (a binding error, a failed run), so it
+        is recorded as events like any other outcome. Without the shell's ``Progress`` (the loop keeps
+        it up to date meanwhile): the rules count from the snapshot's copy instead, with the same result."""
+        scope, ready = Scope(self._limits), anyio.Event()
+        outcome: list[Decision] = []
+        snap, candidates = own(self.snap), set(candidates)
+
+        async def work() -> None:
+            try:
+                decision = await call_off_loop(scope, decide, self.flow, snap, candidates, running, finish)
+                if decision is not CANCELLED:
+                    outcome.append(decision)
+            finally:
+                ready.set()
+
+        assert self._tg is not None
+        self._deciding = (scope, ready)
+        self._tg.start_soon(work)
+        try:
+            await ready.wait()
+        finally:
+            self._deciding = None
+        return outcome[0] if outcome else None
 
     def _cause_of(self, draft: BaseEvent) -> int:
         """The event that made the rules decide ``draft``: an edge decision is caused by its source

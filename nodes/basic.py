@@ -7,6 +7,7 @@ from typing import Any
 from flowkernel.context import NodeContext
 from flowkernel.errors import ExpressionError, NodeFailure, Problem
 from flowkernel.expressions import Expr, compile_expr, strip_braces
+from flowkernel.offload import evaluate_off_loop, expression_limits
 from flowkernel.state_ops import OPS
 
 
@@ -24,12 +25,19 @@ class NoopNode:
 
 
 class TransformNode:
-    """Evaluates ``expr`` (JSONata) over the binding context; outputs the value."""
+    """Evaluates ``expr`` (JSONata) over the binding context; outputs the value.
+
+    An expression bounded by construction runs inline; an open one (recursion, ranges, regular
+    expressions, ...) in a worker thread under the run's expression limits, so the process goes on
+    handling commands and other runs meanwhile, and a pause, an abort or ``timeoutMs`` stops it.
+    """
 
     name = "transform"
 
     def runs_inline(self, input: Any, registry: Any) -> bool:
-        return True
+        source = input.get("expr") if isinstance(input, dict) else None
+        compiled = self._compiled(source) if isinstance(source, str) else None
+        return compiled is not None and compiled.bounded
 
     def __init__(self) -> None:
         self._cache: dict[str, Expr] = {}
@@ -40,6 +48,14 @@ class TransformNode:
         "properties": {"expr": {"type": "string", "description": (
             "JSONata evaluated over the binding context (bare or wrapped in {{ }}); the node outputs its value.")}},
     }
+
+    def _compiled(self, source: str) -> Expr | None:
+        compiled = self._cache.get(source)
+        if compiled is None:
+            compiled = compile_expr(strip_braces(source), "expr", [])
+            if compiled is not None:
+                self._cache[source] = compiled
+        return compiled
 
     def check(self, raw_input: dict[str, Any], path: str, problems: list[Problem]) -> None:
         if not isinstance(raw_input.get("expr"), str):
@@ -59,7 +75,9 @@ class TransformNode:
             self._cache[source] = compiled
         context, variables = ctx.binding_context()
         try:
-            return compiled.evaluate(context, variables)
+            if compiled.bounded:
+                return compiled.evaluate(context, variables)
+            return await evaluate_off_loop(compiled, context, variables, expression_limits(ctx.services))
         except ExpressionError as exc:
             raise NodeFailure(str(exc), "expression_error") from None
 
