@@ -8,6 +8,7 @@ from typing import Any
 from flowkernel.errors import NodeFailure
 
 OPS = ("set", "merge", "append")
+_VERB = {"set": "set", "merge": "merge into", "append": "append to"}
 
 
 @lru_cache(maxsize=1024)
@@ -41,12 +42,18 @@ def apply_patch(state: dict[str, Any], op: str, path: str, value: Any) -> dict[s
     return _patch(state, keys, op, value, path)
 
 
-def _patch(node: dict[str, Any], keys: tuple[str, ...], op: str, value: Any, path: str) -> dict[str, Any]:
+def _patch(node: dict[str, Any], keys: tuple[str, ...], op: str, value: Any, path: str,
+           depth: int = 0) -> dict[str, Any]:
     out = dict(node)
     head = keys[0]
     if len(keys) > 1:
         child = node.get(head)
-        out[head] = _patch(child if isinstance(child, dict) else {}, keys[1:], op, value, path)
+        if child is not None and not isinstance(child, dict):
+            # Replacing it with {} would silently lose the user's data: refuse, naming where.
+            through = ".".join(split_path(path)[:depth + 1])
+            raise NodeFailure(f"state.{through} is {_kind(child)}, not an object: cannot {_VERB.get(op, op)} "
+                              f"state.{path} through it", "state_error")
+        out[head] = _patch(child or {}, keys[1:], op, value, path, depth + 1)
         return out
     current = node.get(head)
     if op == "set":
@@ -64,3 +71,16 @@ def _patch(node: dict[str, Any], keys: tuple[str, ...], op: str, value: Any, pat
     else:
         raise NodeFailure(f"unknown state op {op!r}; use one of {', '.join(OPS)}", "state_error")
     return out
+
+
+def _kind(value: Any) -> str:
+    """A JSON value's kind, for error messages: 'a list', 'a string', ..."""
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "a list"
+    return f"a {type(value).__name__}"

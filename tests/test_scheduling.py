@@ -18,6 +18,7 @@ from flowkernel.events import (
     NodeError,
     NodeSkipped,
 )
+from flowkernel.state_ops import apply_patch
 
 from tests.helpers import flow, py, registry, run_flow, started, t
 
@@ -258,6 +259,36 @@ def test_state_set_ops_emit_state_patches() -> None:
     assert patches == [("set", "a.b"), ("merge", "a"), ("append", "log")]
     # Each outputs what it wrote, never the whole value at its path.
     assert (snap.outputs["s1"], snap.outputs["s2"], snap.outputs["s3"]) == (1, {"c": 2}, "x")
+
+
+def test_a_state_write_through_a_value_that_is_not_an_object_fails_the_node_and_keeps_the_data() -> None:
+    initial = {"tags": ["keep", "me"], "user": {"name": "Ada"}}
+    for path, op, where, kind in [("tags.first", "set", "state.tags", "a list"),
+                                  ("user.name.first", "merge", "state.user.name", "a string"),
+                                  ("user.name.parts", "append", "state.user.name", "a string")]:
+        value = {"x": 1} if op == "merge" else "x"
+        doc = flow([{"id": "write", "type": "state.set", "input": {"path": path, "op": op, "value": value}},
+                    t("after", "1")], [{"from": "write", "to": "after"}], state={"initial": initial})
+        _, snap, events = run_flow(doc)
+        assert snap.status == "failed", path
+        assert snap.state == initial  # nothing overwritten
+        [error] = [e for e in events if isinstance(e, NodeError)]
+        assert error.nodeId == "write" and error.errorType == "state_error"
+        assert error.message.startswith(f"{where} is {kind}, not an object: cannot "), error.message
+        assert f"state.{path} through it" in error.message
+        assert not any(e.type == "state:patch" for e in events)
+
+    # The same rule for a python node's ctx.patch_state.
+    def write(ctx: NodeContext) -> str:
+        ctx.patch_state("set", "tags.first", "lost?")
+        return "unreachable"
+
+    _, snap, _ = run_flow(flow([py("p", "write")], state={"initial": initial}), reg=registry(write=write))
+    assert snap.status == "failed" and "state.tags is a list, not an object" in (snap.error or "")
+    assert snap.state == initial
+    # A missing or null parent is still created.
+    assert apply_patch({"empty": None}, "set", "empty.inner", 1) == {"empty": {"inner": 1}}
+    assert apply_patch({}, "append", "fresh.log", 1) == {"fresh": {"log": [1]}}
 
 
 def test_python_function_must_be_registered() -> None:
