@@ -4,6 +4,7 @@ reaching it, or stall the other runs of the process while it computes."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -227,3 +228,67 @@ def test_a_bad_limit_in_the_environment_is_a_one_line_error(tmp_path: Path, clea
              env={**clean_env, "FLOWKERNEL_EXPR_TIMEOUT_MS": "soon"})
     assert run.returncode == 2
     assert run.stderr.strip() == "flowkernel: FLOWKERNEL_EXPR_TIMEOUT_MS='soon': expected a positive whole number"
+
+
+def test_timeout_ms_stops_an_open_transform_that_its_limits_would_let_run_on() -> None:
+    kernel = Kernel(MemoryStore(), services={"expression_limits": ExpressionLimits(timeout_ms=600_000)})
+    flow = kernel.compile({"name": "timed", "nodes": [
+        {"id": "spin", "type": "transform", "input": {"expr": FOREVER},
+         "policy": {"timeoutMs": 300, "retry": {"maxAttempts": 2, "backoffMs": 10}}}]})
+    started = time.monotonic()
+    snap = anyio.run(kernel.run, flow)
+    assert time.monotonic() - started < 30  # two attempts of 300 ms, not the ten minutes of the limit
+    assert snap.status == "failed"
+    errors = [e for e in kernel.events(snap.runId) if e.type == "node:error"]
+    assert [(e.errorType, e.attempt, e.willRetry) for e in errors] == [("timeout", 1, True), ("timeout", 2, False)]
+    assert all(e.message == "timed out after 300 ms" for e in errors)
+
+
+def test_a_worker_goes_on_executing_runs_and_taking_commands_while_an_expression_computes(
+        tmp_path: Path, clean_env: dict[str, str]) -> None:
+    from flowkernel.store.open import open_store
+
+    db = str(tmp_path / "runs.db")
+    kernel = Kernel(open_store(db))
+    runaway = kernel.compile({"name": "runaway", "nodes": [
+        {"id": "spin", "type": "transform", "input": {"expr": FOREVER}}]})
+    steady = kernel.compile({"name": "steady", "nodes": [
+        {"id": f"n{i}", "type": "transform", "input": {"expr": f"$string({i})"}} for i in range(5)],
+        "edges": [{"from": f"n{i}", "to": f"n{i + 1}"} for i in range(4)]})
+    env = {**clean_env, "FLOWKERNEL_EXPR_TIMEOUT_MS": "600000"}  # ten minutes: only the abort stops it
+    worker = subprocess.Popen([sys.executable, "-m", "flowkernel.cli", "worker", "--db", db, "--concurrency", "2"],
+                              cwd=tmp_path, env=env, text=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+    def wait_for(check: Any, what: str) -> None:
+        deadline = time.monotonic() + 60
+        while not check():
+            assert worker.poll() is None, f"the worker exited: {worker.stderr.read() if worker.stderr else ''}"
+            assert time.monotonic() < deadline, f"timed out waiting for {what}"
+            time.sleep(0.02)
+
+    try:
+        spinning = kernel.enqueue(runaway, {})
+        wait_for(lambda: any(e.type == "node:start" for e in kernel.events(spinning)), "the runaway node to start")
+        after = kernel.enqueue(steady, {})
+        wait_for(lambda: kernel.store.get_run(after).status == "completed", "the other run to complete")
+        assert kernel.store.get_run(spinning).status == "running"  # still computing
+        aborted = fk("abort", spinning, "--reason", "runaway", "--db", db, cwd=tmp_path, env=env)
+        assert aborted.returncode == 0, aborted.stderr
+        wait_for(lambda: kernel.store.get_run(spinning).status == "aborted", "the abort to stop the runaway run")
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(timeout=60) == 0
+    finally:
+        worker.kill()
+        worker.communicate(timeout=10)
+        kernel.close()
+    assert kernel_events_types(db, spinning)[-1] == "flow:complete"
+
+
+def kernel_events_types(db: str, run_id: str) -> list[str]:
+    from flowkernel.store.open import open_store
+
+    kernel = Kernel(open_store(db))
+    try:
+        return [e.type for e in kernel.events(run_id)]
+    finally:
+        kernel.close()
