@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol
 
+import msgspec
 from flowkernel.errors import NodeFailure
-from flowkernel.events import BaseEvent, InboxConsumed, StatePatch
+from flowkernel.events import BaseEvent, InboxConsumed, StatePatch, encoder
 from flowkernel.snapshot import InboxMessage, RunSnapshot
 from flowkernel.state_ops import OPS, apply_patch
 
@@ -116,6 +117,10 @@ class NodeContext:
         state as it will be once the patch is applied."""
         if op not in OPS:
             raise NodeFailure(f"unknown state op {op!r}; use one of {', '.join(OPS)}", "state_error")
+        try:  # here, in the node that asked, rather than later when the event is stored
+            encoder.encode(value)
+        except (TypeError, ValueError, RecursionError, msgspec.EncodeError) as exc:
+            raise NodeFailure(f"state.{path}: the value is not JSON: {exc}", "state_error") from None
         base = self.state
         patched = apply_patch(base, op, path, value)  # raises NodeFailure now, not at apply time
         self._shell.submit_patch(StatePatch(op=op, path=path, value=value, nodeId=self.node_id, runId=self.run_id),

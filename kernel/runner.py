@@ -420,7 +420,9 @@ class RunExecution:
             else:
                 body = _encode(draft)
                 event = draft if _json_already(draft) else decode(body)
-        except (TypeError, msgspec.EncodeError) as exc:
+        except (TypeError, ValueError, RecursionError, msgspec.EncodeError) as exc:
+            # Not JSON: a set, a key that is not a string, text with a lone surrogate (a ValueError),
+            # nesting deeper than the encoder goes (a RecursionError).
             if isinstance(draft, NodeComplete):
                 draft = NodeError(nodeId=draft.nodeId, runId=draft.runId, item=draft.item,
                                   errorType="invalid_output", message=f"output is not JSON: {exc}",

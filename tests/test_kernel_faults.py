@@ -71,3 +71,28 @@ def test_sys_exit_in_a_python_function_fails_its_node_not_the_process(tmp_path: 
     error = next(e for e in events if e["type"] == "node:error")
     assert error["nodeId"] == "quits" and error["errorType"] == "SystemExit"
     assert show["snapshot"]["nodeStatus"]["after"] == "pending"
+
+
+@pytest.mark.parametrize(("function", "args", "message"), [
+    ("faulty.deep", {}, "output is not JSON: maximum recursion depth exceeded"),
+    ("faulty.surrogate", {}, "output is not JSON: 'utf-8' codec can't encode character '\\ud800'"),
+    ("faulty.patch", {}, "state.odd: the value is not JSON: 'utf-8' codec can't encode character '\\udc80'"),
+    ("faulty.patch", {"value": "object"}, "state.odd: the value is not JSON: Encoding objects of type object"),
+])
+def test_a_node_result_that_is_not_json_fails_that_node_not_the_kernel(
+        function: str, args: dict[str, Any], message: str, tmp_path: Path, clean_env: dict[str, str]) -> None:
+    """Odd values a function returns or writes are the node's failure, retryable, never an internal error."""
+    flow = write_flow(tmp_path, [{"id": "odd", "type": "python", "input": {"function": function, "args": args}},
+                                 {"id": "after", "type": "noop", "input": {"got": "{{ odd }}"}}])
+    run = fk("run", flow, "--json", cwd=tmp_path, env=clean_env)
+    assert run.returncode == 1
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in run.stderr and "internal error" not in run.stderr, run.stderr
+    run_id = json.loads(run.stdout.splitlines()[0])["flowRunId"]
+    show, events = stored(run_id, tmp_path, clean_env)
+    assert show["run"]["status"] == "failed"
+    [error] = [e for e in events if e["type"] == "node:error"]
+    assert error["nodeId"] == "odd" and message in error["message"], error
+    assert error["errorType"] == ("state_error" if function == "faulty.patch" else "invalid_output")
+    assert show["snapshot"]["nodeStatus"] == {"odd": "failed", "after": "pending"}
+    assert "odd" not in show["snapshot"]["state"]

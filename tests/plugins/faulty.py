@@ -18,6 +18,28 @@ def exit_process(code: int = 3) -> None:
     sys.exit(code)
 
 
+@register_function("faulty.deep")
+def deep(depth: int = 100_000) -> list[Any]:
+    """A list nested deeper than any JSON encoder goes."""
+    value: list[Any] = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+@register_function("faulty.surrogate")
+def surrogate() -> str:
+    """Text with a lone surrogate: a Python str, not UTF-8."""
+    return "bad \ud800"
+
+
+@register_function("faulty.patch")
+def patch(ctx: NodeContext, value: str = "surrogate") -> str:
+    """Writes a value that is not JSON into the state."""
+    ctx.patch_state("set", "odd", "bad \udc80" if value == "surrogate" else object())
+    return "unreachable"
+
+
 @register_function("faulty.wait_for_file")
 async def wait_for_file(path: str) -> str:
     """Waits until the test creates ``path``: the test decides when this node finishes."""
