@@ -22,7 +22,7 @@ import anyio
 import msgspec
 from flowkernel.agent_runs import AgentRunFold
 from flowkernel.checkpoint import encode_checkpoint, load_checkpoint
-from flowkernel.commands import Command, CommandOutcome, judge_command
+from flowkernel.commands import Command, CommandOutcome, judge_command, not_storable
 from flowkernel.compiler import CompiledFlow, compile_flow, load_flow
 from flowkernel.errors import (
     CommandRejectedError,
@@ -44,6 +44,7 @@ from flowkernel.events import (
     FlowStart,
     decode,
     encode,
+    encoder,
 )
 from flowkernel.ids import new_run_id, now_ms
 from flowkernel.offload import limits_from_env
@@ -182,7 +183,16 @@ class Kernel:
 
     @staticmethod
     def check_input(flow: CompiledFlow, value: Any) -> None:
-        """Raise RunInputError if ``value`` does not satisfy the flow's ``inputs`` schema."""
+        """Raise RunInputError if ``value`` does not satisfy the flow's ``inputs`` schema (or is not JSON
+        that can be stored: text that is not UTF-8, nesting deeper than the encoder goes)."""
+        problem = not_storable(value, "input")
+        if problem is None:
+            try:
+                encoder.encode(value)
+            except (TypeError, ValueError, RecursionError, msgspec.EncodeError) as exc:
+                problem = f"input is not JSON that can be stored: {exc}"
+        if problem is not None:
+            raise RunInputError(f"{flow.source}: {problem}", [("input", problem)])
         schema = flow.inputs_schema
         if schema is None:
             return
@@ -849,6 +859,8 @@ def parse_inputs(flow: CompiledFlow, pairs: list[str], json_file: str | None) ->
         path = Path(json_file)
         try:
             loaded = json.loads(path.read_text(encoding="utf-8"))
+        except RecursionError:
+            raise InvalidInputError(f"--input-json {json_file}: nested too deeply to read") from None
         except FileNotFoundError:
             raise InvalidInputError(f"--input-json {json_file}: no such file") from None
         except (OSError, json.JSONDecodeError) as exc:
@@ -869,5 +881,7 @@ def parse_inputs(flow: CompiledFlow, pairs: list[str], json_file: str | None) ->
             value[key] = json.loads(raw)
         except json.JSONDecodeError:
             value[key] = raw
+        except RecursionError:
+            raise InvalidInputError(f"--input {key}=…: nested too deeply to read") from None
     return value
 

@@ -122,7 +122,7 @@ def _accept(cmd: Command, content: Any = None, target: str | None = None) -> Com
                                                 content=cmd.content if content is None else content))
 
 
-def _not_storable(value: Any, what: str) -> str | None:
+def not_storable(value: Any, what: str) -> str | None:
     """Why ``value`` cannot travel in a command (text that is not UTF-8, something that is not JSON), or None."""
     stack: list[tuple[Any, str]] = [(value, what)]
     while stack:
@@ -181,7 +181,7 @@ def judge_command(flow: CompiledFlow, snap: RunSnapshot, cmd: Command, *, execut
         return _reject(cmd, f"unknown command {_storable(cmd.kind)!r}; use one of {', '.join(KINDS)}", invalid=True)
     for value, what in ((cmd.content, "the message" if cmd.kind != "reply" else "the reply"),
                         (cmd.target, "--to"), (cmd.reason, "the reason")):
-        problem = _not_storable(value, what)
+        problem = not_storable(value, what)
         if problem is not None:
             return _reject(cmd, problem, invalid=True)
     if cmd.target is not None and not isinstance(cmd.target, str):

@@ -96,3 +96,24 @@ def test_a_node_result_that_is_not_json_fails_that_node_not_the_kernel(
     assert error["errorType"] == ("state_error" if function == "faulty.patch" else "invalid_output")
     assert show["snapshot"]["nodeStatus"] == {"odd": "failed", "after": "pending"}
     assert "odd" not in show["snapshot"]["state"]
+
+
+def test_run_input_that_cannot_be_stored_is_a_one_line_error_and_creates_no_run(
+        tmp_path: Path, clean_env: dict[str, str]) -> None:
+    flow = write_flow(tmp_path, [{"id": "echo", "type": "noop", "input": {"got": "{{ flow.input }}"}}])
+    (tmp_path / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
+    (tmp_path / "deep_object.json").write_text('{"k": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    env = {**clean_env, "PYTHONIOENCODING": "utf-8:surrogateescape"}
+    cases = [(["--input", "k=bad\udcff"], "input.k is not valid UTF-8 text (byte 0xff at character 3)"),
+             (["--input", "k=" + "[" * 100_000], "--input k=…: nested too deeply to read"),
+             (["--input-json", "deep.json"], "--input-json deep.json: nested too deeply to read"),
+             (["--input-json", "deep_object.json"], "--input-json deep_object.json: nested too deeply to read")]
+    for args, message in cases:
+        run = subprocess.run([sys.executable, "-m", "flowkernel.cli", "run", flow, *args, "--db", "runs.db"],
+                             cwd=tmp_path, env=env, capture_output=True, timeout=60)
+        stderr = run.stderr.decode("utf-8", "replace")
+        assert run.returncode == 2, stderr
+        lines = stderr.strip().splitlines()
+        assert len(lines) == 1 and message in lines[0] and "Traceback" not in stderr, stderr
+    assert not (tmp_path / "runs.db").exists() or fk("runs", "--db", "runs.db", cwd=tmp_path,
+                                                     env=clean_env).stdout.strip() == "no runs"
