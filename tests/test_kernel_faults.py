@@ -117,3 +117,47 @@ def test_run_input_that_cannot_be_stored_is_a_one_line_error_and_creates_no_run(
         assert len(lines) == 1 and message in lines[0] and "Traceback" not in stderr, stderr
     assert not (tmp_path / "runs.db").exists() or fk("runs", "--db", "runs.db", cwd=tmp_path,
                                                      env=clean_env).stdout.strip() == "no runs"
+
+
+def test_a_worker_marks_a_run_its_kernel_failed_on_as_failed_and_goes_on(tmp_path: Path,
+                                                                          clean_env: dict[str, str]) -> None:
+    import time
+
+    from flowkernel.api import Kernel
+    from flowkernel.store.open import open_store
+
+    import tests.plugins.faulty  # noqa: F401 (registers faulty.event for this process's Kernel.compile)
+
+    db = str(tmp_path / "runs.db")
+    kernel = Kernel(open_store(db))
+    buggy = kernel.compile({"name": "buggy", "nodes": [{"id": "first", "type": "noop", "input": {}},
+                                                       {"id": "bad", "type": "faulty.event", "input": {}}],
+                            "edges": [{"from": "first", "to": "bad"}]})
+    fine = kernel.compile({"name": "fine", "nodes": [{"id": "only", "type": "noop", "input": {"n": 1}}]})
+    log = tmp_path / "worker.log"
+    with open(log, "wb") as err:
+        worker = subprocess.Popen([sys.executable, "-m", "flowkernel.cli", "--plugin", PLUGIN, "worker", "--db", db],
+                                  cwd=Path(__file__).resolve().parent.parent, env=clean_env,
+                                  stdout=subprocess.DEVNULL, stderr=err)
+    try:
+        failed, after = kernel.enqueue(buggy, {}), None
+        deadline = time.monotonic() + 60
+        while after is None or kernel.store.get_run(after).status != "completed":
+            assert worker.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, f"the worker did not finish both runs: {log.read_text()}"
+            if after is None and kernel.store.get_run(failed).status == "failed":
+                after = kernel.enqueue(fine, {})  # the same worker takes the next run
+            time.sleep(0.02)
+        worker.terminate()
+        assert worker.wait(timeout=60) == 0
+    finally:
+        worker.kill()
+        worker.wait(timeout=10)
+    record = kernel.store.get_run(failed)
+    assert record.status == "failed" and "internal error: KeyError: 'no-such-edge'" in (record.error or "")
+    assert record.leaseOwner is None
+    events = kernel.events(failed)
+    assert events[-1].type == "flow:complete" and [e.seq for e in events] == list(range(1, len(events) + 1))
+    reported = [line for line in log.read_text().splitlines() if failed in line]
+    assert len(reported) == 1 and "internal error" in reported[0] and "Traceback" not in log.read_text()
+    kernel.close()
