@@ -27,12 +27,15 @@ def fk(*args: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProces
 
 
 def growing_flow(tmp_path: Path) -> Path:
-    """Ten loop iterations, each storing a 100 kB output: about 2 MB of database in all."""
+    """Ten loop iterations, each storing a new 100 kB output (no two alike, so none is stored once for
+    all): about 2 MB of database in all."""
     path = tmp_path / "growing.json"
     path.write_text(json.dumps({"name": "growing", "nodes": [
-        {"id": "make", "type": "noop", "input": {"blob": BLOB}},
-        {"id": "measure", "type": "transform", "input": {"expr": "$length(make.blob)"}}],
-        "edges": [{"from": "make", "to": "measure"}, {"from": "measure", "to": "make", "maxIterations": 9}]}))
+        {"id": "make", "type": "noop", "input": {"blob": "{{ $count(state.n) }}" + BLOB}},
+        {"id": "measure", "type": "transform", "input": {"expr": "$length(make.blob)"}},
+        {"id": "count", "type": "state.set", "input": {"path": "n", "op": "append", "value": 1}}],
+        "edges": [{"from": "make", "to": "measure"}, {"from": "measure", "to": "count"},
+                  {"from": "count", "to": "make", "maxIterations": 9}]}))
     return path
 
 
@@ -84,8 +87,8 @@ def test_disk_full_mid_run_is_one_line_and_the_run_finishes_on_resume_once_space
     assert resumed.returncode == 0, resumed.stderr
     show = json.loads(namespace.flowkernel("show", run_id, "--json", "--db", db, env=clean_env).stdout)
     assert show["snapshot"]["status"] == "completed"
-    assert show["snapshot"]["outputs"]["measure"] == len(BLOB)
-    assert show["snapshot"]["loopCounters"] == {"measure->make": 9}
+    assert show["snapshot"]["outputs"]["measure"] == len(BLOB) + 1  # "9" + BLOB
+    assert show["snapshot"]["loopCounters"] == {"count->make": 9} and show["snapshot"]["state"]["n"] == [1] * 10
     # Out of the namespace, for the replay audit every test gets.
     assert namespace.run("cp", db, str(tmp_path / "copy.db")).returncode == 0
 
