@@ -10,10 +10,11 @@ page talked to nobody but the server and logged no error.
 from __future__ import annotations
 
 import os
+import re
 import shutil
-import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -61,13 +62,6 @@ def why_no_browser() -> str | None:
     return None
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 @dataclass
 class Server:
     """A ``flowkernel serve`` process on a loopback port."""
@@ -86,41 +80,46 @@ class Server:
             return http.request(method, f"/api/v1{path}", **kw)
 
 
+SERVING = re.compile(r"serving http://127\.0\.0\.1:(\d+)/")
+
+
 @contextmanager
 def serve(db: str, *args: str, token: str | None = None, env: dict[str, str] | None = None,
           port: int | None = None) -> Iterator[Server]:
     """``flowkernel serve --db DB ARGS`` until the block ends (then SIGTERM, as a user stops it).
-    ``port``: where a restarted server comes back (default: a port the OS picks free)."""
-    port = port or free_port()
+    It listens on a port the OS picks (``--port 0``; it prints which), or on ``port``: where a
+    restarted server comes back. Its stderr goes to a file, so a chatty server never fills a pipe."""
     environment = {**os.environ, "PYTHONPATH": str(ROOT), "NO_COLOR": "1", **(env or {})}
     environment.pop("FLOWKERNEL_API_TOKEN", None)
     if token:
         environment["FLOWKERNEL_API_TOKEN"] = token
-    process = subprocess.Popen([sys.executable, "-m", "flowkernel", "serve", "--port", str(port), "--db", db, *args],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=environment,
-                               cwd=str(ROOT))
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError(f"flowkernel serve exited: {process.stderr.read() if process.stderr else ''}")
-            try:
-                if httpx.get(f"{url}/api/v1/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("flowkernel serve did not answer within 30 s")
-            time.sleep(0.05)
-        yield Server(url=url, db=db, process=process, token=token)
-    finally:
-        process.terminate()
+    with tempfile.TemporaryFile("w+") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "flowkernel", "serve", "--port", str(port or 0), "--db", db, *args],
+            stdout=subprocess.DEVNULL, stderr=log, text=True, env=environment, cwd=str(ROOT))
+
+        def printed() -> str:
+            log.seek(0)
+            return log.read()
+
         try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+            deadline = time.monotonic() + 30
+            while not (found := SERVING.search(printed())):
+                if process.poll() is not None:
+                    raise RuntimeError(f"flowkernel serve exited: {printed()}")
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"flowkernel serve did not say where it listens within 30 s: {printed()}")
+                time.sleep(0.05)
+            url = f"http://127.0.0.1:{found.group(1)}"
+            assert httpx.get(f"{url}/api/v1/health", timeout=10).status_code == 200
+            yield Server(url=url, db=db, process=process, token=token)
+        finally:
+            process.terminate()
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
 
 
 class Executor:
