@@ -63,10 +63,11 @@ class PruneReport(msgspec.Struct, kw_only=True):
 
 
 def prune(store: Store, *, older_than_ms: int, statuses: Sequence[str] = STOPPED, dry_run: bool = False,
-          batch: int = BATCH, progress: Progress | None = None) -> PruneReport:
+          batch: int = BATCH, progress: Progress | None = None, progress_after_s: float = 1.0) -> PruneReport:
     """Delete whole top-level runs in ``statuses`` unchanged for ``older_than_ms``, with their child
     runs and every row of theirs, ``batch`` runs per transaction. A run being executed (live lease)
-    is never deleted, whatever its status."""
+    is never deleted, whatever its status. ``progress`` gets a line per batch once the work has
+    taken ``progress_after_s``."""
     sql = _sql(store, "prune")
     now = now_ms()
     report = PruneReport(dryRun=dry_run)
@@ -104,7 +105,7 @@ def prune(store: Store, *, older_than_ms: int, statuses: Sequence[str] = STOPPED
             report.events += events
             for skeleton in skeletons:
                 candidates.update(packed_blobs(skeleton, sql.read_blobs))
-        if progress is not None and time.monotonic() - started > 1.0:
+        if progress is not None and time.monotonic() - started >= progress_after_s:
             progress(f"prune: {report.runs} runs ({report.childRuns} child runs, {report.events} events) "
                      f"{'found' if dry_run else 'deleted'} so far")
     if candidates:

@@ -27,7 +27,7 @@ from flowkernel.fixtures import MockQuery
 from flowkernel.ids import now_ms
 from flowkernel.reducer import fold
 from flowkernel.registry import default_registry
-from flowkernel.retention import export_runs, import_runs
+from flowkernel.retention import export_runs, import_runs, prune
 from flowkernel.store.open import open_store
 from flowkernel.store.sql import SqlStore
 from flowkernel.timetravel import rerun
@@ -131,7 +131,7 @@ async def test_export_then_import_into_the_other_store_kind_gives_the_same_show_
     assert all("exists in" in r["reason"] and "already" in r["reason"] for r in outcome["refused"])
 
 
-async def test_an_import_loads_each_run_all_or_nothing(tmp_path: Path) -> None:
+async def test_an_import_loads_each_run_all_or_nothing(tmp_path: Path, clean_env: dict[str, str]) -> None:
     src, dst = str(tmp_path / "a.db"), str(tmp_path / "b.db")
     top, _ = await _example_runs(src)
     source = _kernel(src)
@@ -160,6 +160,11 @@ async def test_an_import_loads_each_run_all_or_nothing(tmp_path: Path) -> None:
         assert [r.runId for r in target.runs()] == [top[2]]
     finally:
         target.close()
+    # Bad arguments: one line naming them, exit 2, nothing written.
+    unknown = fk(clean_env, tmp_path, "export", top[0], "run_nope", "--db", src)
+    assert unknown.returncode == 2 and unknown.stdout == b"" and b"run_nope" in unknown.stderr
+    missing = fk(clean_env, tmp_path, "import", "nope.jsonl", "--db", dst)
+    assert missing.returncode == 2 and b"nope.jsonl" in missing.stderr and b"Traceback" not in missing.stderr
 
 
 async def _paused_run(kernel: Kernel) -> str:
@@ -307,3 +312,23 @@ def test_blobs_an_event_stored_packed_reaches_are_kept_by_prune_and_carried_by_e
         assert set(archive["blobs"]) == {"k1", "k3"}
     finally:
         store.close()
+
+
+def test_prune_works_in_batches_and_reports_progress(tmp_path: Path) -> None:
+    kernel = _kernel(str(tmp_path / "runs.db"))
+    try:
+        flow = kernel.compile({"name": "tiny", "nodes": [{"id": "a", "type": "transform", "input": {"expr": "1"}}],
+                               "edges": []})
+        ids = [anyio.run(kernel.run, flow, {}).runId for _ in range(3)]
+        newest = max(kernel.store.get_run(i).updatedAt for i in ids)
+        deadline = now_ms() + 5000
+        while now_ms() <= newest and now_ms() < deadline:  # "older than 0 s": strictly before now
+            pass
+        lines: list[str] = []
+        report = prune(kernel.store, older_than_ms=0, batch=1, progress=lines.append, progress_after_s=0)
+        assert (report.runs, report.dryRun) == (3, False)
+        # four events a run: flow:start, node:start, node:complete, flow:complete
+        assert lines == [f"prune: {n} runs (0 child runs, {4 * n} events) deleted so far" for n in (1, 2, 3)]
+        assert kernel.runs() == []
+    finally:
+        kernel.close()

@@ -73,6 +73,7 @@ class PostgresStore(SqlStore):
     # Workers claiming at once take different runs instead of queueing on one row.
     _claim_lock: ClassVar[str] = " FOR UPDATE SKIP LOCKED"
     _row_lock: ClassVar[str] = " FOR UPDATE"
+    _sql_one_snapshot: ClassVar[str] = "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ"
 
     def __init__(self, url: str, *, connect_timeout_s: int = 10) -> None:
         self.url = url

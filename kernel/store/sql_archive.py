@@ -55,6 +55,9 @@ class SqlArchive:
     param: ClassVar[str]
     #: Appended to a SELECT of run rows that are about to be deleted (PostgreSQL: `` FOR UPDATE``).
     _row_lock: ClassVar[str] = ""
+    #: The first statement of an export's transaction, so that its reads see one snapshot of a run
+    #: that is still executing (PostgreSQL: REPEATABLE READ; SQLite's transaction is one already).
+    _sql_one_snapshot: ClassVar[str] = ""
     _run_nos: dict[str, int]
 
     @abstractmethod
@@ -200,6 +203,8 @@ class SqlArchive:
         checkpoint or an event stored packed reaches (``flowkernel.checkpoint.packed_blobs``)."""
         p = self.param
         with self._tx() as db:
+            if self._sql_one_snapshot:
+                db.execute(self._sql_one_snapshot)
             runs = self._rows(db, f"SELECT * FROM runs WHERE run_id = {p}", (run_id,))
             if not runs:
                 raise UnknownRunError(run_id, self.location)
