@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import anyio
 import msgspec
 from flowkernel.agent_runs import AgentRunFold
+from flowkernel.budgets import run_limit
 from flowkernel.checkpoint import encode_checkpoint, load_checkpoint
 from flowkernel.commands import Command, CommandOutcome, judge_command, not_storable
 from flowkernel.compiler import CompiledFlow, compile_flow, load_flow
@@ -714,11 +715,17 @@ class Kernel:
             await anyio.sleep(COMMAND_POLL_S)
 
     async def resume(self, run_id: str, message: str | None = "continue", *,
-                     on_event: EventListener | None = None, queue: bool = False) -> RunSnapshot:
+                     on_event: EventListener | None = None, queue: bool = False,
+                     budget: float | None = None) -> RunSnapshot:
         """Continue a paused, waiting or interrupted run; ``message`` goes to every interrupted node run.
+        ``budget``: the new limit in USD for what paused the run for its budget (a node's
+        ``policy.maxCostUsd``), or else for the run's ``budget.maxCostUsd``; recorded in ``flow:resumed``.
         With ``queue``, a worker continues it (``hand_to_pool``); the snapshot after the resume returns."""
-        cmd = Command(kind="resume", content=message)
-        before = self._judged(run_id, cmd, FlowResumed(message=message))
+        cmd = Command(kind="resume", content=message, budget=budget)
+        # (a budget that is not a positive number is refused by the judge before this is appended)
+        usd = float(budget) if isinstance(budget, int | float) and not isinstance(budget, bool) else None
+        resumed = FlowResumed(message=message, budgetUsd=usd)
+        before = self._judged(run_id, cmd, resumed)
         if queue:
             return self.hand_to_pool(run_id, before)
         return await self.execute(run_id, on_event=on_event, before=before)
@@ -735,7 +742,12 @@ class Kernel:
 
     def _judged(self, run_id: str, cmd: Command, then: BaseEvent) -> Callable[[RunSnapshot], list[BaseEvent]]:
         def before(snap: RunSnapshot) -> list[BaseEvent]:
-            outcome = judge_command(self.flow_of(run_id), snap, cmd, executing=False)
+            flow = self.flow_of(run_id)
+            below = 0.0
+            if cmd.kind == "resume" and (run_limit(flow, snap) is not None or cmd.budget is not None):
+                totals = self.store.descendant_totals([run_id]).get(run_id)
+                below = totals.totalCostUsd if totals is not None else 0.0
+            outcome = judge_command(flow, snap, cmd, executing=False, below=below)
             if not outcome.accepted:
                 raise _Refused(outcome)  # recorded by ``execute``, under the lease it holds
             return [outcome.record, then]

@@ -13,10 +13,12 @@ of that node can take the command; the accepted record names the node run. A ``s
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass
 from typing import Any
 
+from flowkernel.budgets import resume_problem
 from flowkernel.compiler import CompiledFlow
 from flowkernel.events import CommandReceived
 from flowkernel.snapshot import RunSnapshot
@@ -33,9 +35,13 @@ class Command:
     target: str | None = None  # node run id, for send and reply
     content: Any = None  # the message (send, reply) or resume message
     reason: str | None = None  # for pause and abort
+    budget: Any = None  # for resume: the new limit in USD (``resume --budget``), checked by the judge
 
     def to_json(self) -> dict[str, Any]:
-        return {"kind": self.kind, "target": self.target, "content": self.content, "reason": self.reason}
+        out = {"kind": self.kind, "target": self.target, "content": self.content, "reason": self.reason}
+        if self.budget is not None:
+            out["budget"] = self.budget
+        return out
 
     @staticmethod
     def from_json(body: Any) -> Command:
@@ -43,7 +49,7 @@ class Command:
         if not isinstance(body, dict):
             return Command(kind=f"<not a command: {type(body).__name__}>")
         return Command(kind=str(body.get("kind")), target=body.get("target"), content=body.get("content"),
-                       reason=body.get("reason"))
+                       reason=body.get("reason"), budget=body.get("budget"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,10 +181,26 @@ def _resolve_target(snap: RunSnapshot, flow: CompiledFlow, cmd: Command) -> tupl
     return candidates[0], target
 
 
-def judge_command(flow: CompiledFlow, snap: RunSnapshot, cmd: Command, *, executing: bool) -> CommandOutcome:
-    """Accept or refuse ``cmd`` for the run in ``snap``. ``executing``: a live executor holds the run."""
+def _budget_problem(cmd: Command) -> str | None:
+    budget = cmd.budget
+    if budget is None:
+        return None
+    if cmd.kind != "resume":
+        return f"--budget goes with resume, not {cmd.kind}"
+    if isinstance(budget, bool) or not isinstance(budget, int | float) or not math.isfinite(budget) or budget <= 0:
+        return f"--budget must be a positive number of US dollars, not {_preview(budget)}"
+    return None
+
+
+def judge_command(flow: CompiledFlow, snap: RunSnapshot, cmd: Command, *, executing: bool,
+                  below: float = 0.0) -> CommandOutcome:
+    """Accept or refuse ``cmd`` for the run in ``snap``. ``executing``: a live executor holds the run.
+    ``below``: what the run's child runs cost (a resume must leave the run under its budget)."""
     if cmd.kind not in KINDS:
         return _reject(cmd, f"unknown command {_storable(cmd.kind)!r}; use one of {', '.join(KINDS)}", invalid=True)
+    problem = _budget_problem(cmd)
+    if problem is not None:
+        return _reject(cmd, problem, invalid=True)
     for value, what in ((cmd.content, "the message" if cmd.kind != "reply" else "the reply"),
                         (cmd.target, "--to"), (cmd.reason, "the reason")):
         problem = not_storable(value, what)
@@ -233,6 +255,9 @@ def judge_command(flow: CompiledFlow, snap: RunSnapshot, cmd: Command, *, execut
             return _reject(cmd, f"run {snap.runId} failed; use retry to re-run its failed nodes")
         if executing:
             return _reject(cmd, f"run {snap.runId} is already executing")
+        over = resume_problem(flow, snap, cmd.budget, below=below)
+        if over is not None:
+            return _reject(cmd, over)
         return _accept(cmd)
     # retry
     if status != "failed":

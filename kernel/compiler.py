@@ -38,6 +38,7 @@ class PolicySpec:
     retry: RetrySpec | None = None
     timeoutMs: int | None = None
     continueOnError: bool = False
+    maxCostUsd: float | None = None  # the node's budget in this run (DESIGN §12)
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +99,12 @@ class CompiledFlow:
         return value if isinstance(value, int) else None
 
     @property
+    def max_cost_usd(self) -> float | None:
+        """``budget.maxCostUsd``: what the run may spend, child runs included, before it pauses (None: no limit)."""
+        budget = self.document.get("budget")
+        return _usd(budget.get("maxCostUsd")) if isinstance(budget, dict) else None
+
+    @property
     def inputs_schema(self) -> dict[str, Any] | None:
         schema = self.document.get("inputs")
         return schema if isinstance(schema, dict) else None
@@ -153,7 +160,12 @@ def _policy(raw: Any) -> PolicySpec:
     return PolicySpec(
         retry=RetrySpec(int(retry.get("maxAttempts", 1)), int(retry.get("backoffMs", 0)))
         if isinstance(retry, dict) else None,
-        timeoutMs=raw.get("timeoutMs"), continueOnError=bool(raw.get("continueOnError", False)))
+        timeoutMs=raw.get("timeoutMs"), continueOnError=bool(raw.get("continueOnError", False)),
+        maxCostUsd=_usd(raw.get("maxCostUsd")))
+
+
+def _usd(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
 def _compile(document: dict[str, Any], source: str, base_dir: Path | None,

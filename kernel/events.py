@@ -37,12 +37,20 @@ class FlowStart(BaseEvent, tag="flow:start"):
 
 
 class FlowPaused(BaseEvent, tag="flow:paused"):
+    """``reason`` ``budget``: what was spent reached a limit; ``costUsd`` and ``limitUsd`` say how much,
+    and ``nodeId`` names the node whose ``policy.maxCostUsd`` it was (absent: the run's ``budget``)."""
+
     reason: str | None = None
+    costUsd: float | None = None
+    limitUsd: float | None = None
 
 
 class FlowResumed(BaseEvent, tag="flow:resumed"):
+    """``budgetUsd``: the new limit for what paused the run (``resume --budget``), or the run's budget."""
+
     message: str | None = None
     retry: bool = False
+    budgetUsd: float | None = None
 
 
 class FlowWaiting(BaseEvent, tag="flow:waiting"):

@@ -54,6 +54,15 @@ class Policy(_Model):
     retry: RetryPolicy | None = None
     timeoutMs: int | None = Field(None, gt=0, description="Cancel an attempt after this long.")
     continueOnError: bool = False
+    maxCostUsd: float | None = Field(None, gt=0, allow_inf_nan=False, description=(
+        "Pause the run when this node's model calls in this run have cost this many US dollars "
+        "(checked after each call; the agent stops at its next turn boundary)."))
+
+
+class Budget(_Model):
+    maxCostUsd: float = Field(gt=0, allow_inf_nan=False, description=(
+        "Pause the run when its model calls (child runs included) have cost this many US dollars; "
+        "`flowkernel resume RUN --budget USD` raises the limit and continues."))
 
 
 class Node(_Model):
@@ -103,6 +112,7 @@ class Flow(_Model):
     maxConcurrency: int = Field(8, ge=1)
     maxConcurrentRuns: int | None = Field(None, ge=1, description=(
         "At most this many runs of this flow execute at once across all workers; the rest wait queued."))
+    budget: Budget | None = Field(None, description="What the run may spend before it pauses and asks.")
     nodes: list[Node]
     edges: list[Edge] = Field(default_factory=list)
 
@@ -173,6 +183,8 @@ _MISPLACED: dict[str, dict[str, str]] = {
         "retry": 'retry belongs in policy: "policy": {"retry": {...}}',
         "timeoutMs": 'timeoutMs belongs in policy: "policy": {"timeoutMs": ...}',
         "continueOnError": 'continueOnError belongs in policy: "policy": {"continueOnError": true}',
+        "maxCostUsd": 'maxCostUsd belongs in policy: "policy": {"maxCostUsd": ...}',
+        "budget": 'a node\'s budget is policy.maxCostUsd: "policy": {"maxCostUsd": ...}',
     },
     "edges": {
         "input": "input belongs on a node; an edge has id, from, to, when, gate, forEach and maxIterations",

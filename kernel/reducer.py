@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from flowkernel.budgets import budget_key
 from flowkernel.compiler import CompiledFlow
 from flowkernel.events import (
     USAGE_KEYS,
@@ -39,7 +40,7 @@ from flowkernel.events import (
     NodeWaiting,
     StatePatch,
 )
-from flowkernel.snapshot import ForEachState, InboxMessage, NodeFault, RunSnapshot, Waiting
+from flowkernel.snapshot import BudgetPause, ForEachState, InboxMessage, NodeFault, RunSnapshot, Waiting
 from flowkernel.state_ops import apply_patch
 from msgspec.structs import replace
 
@@ -81,7 +82,7 @@ def own(snap: RunSnapshot) -> RunSnapshot:
         snap, outputs=dict(snap.outputs), nodeStatus=dict(snap.nodeStatus), edgeStatus=dict(snap.edgeStatus),
         loopCounters=dict(snap.loopCounters), inbox=dict(snap.inbox), agentSessions=dict(snap.agentSessions),
         nodeRuns=dict(snap.nodeRuns), attempts=dict(snap.attempts), faults=dict(snap.faults),
-        waiting=dict(snap.waiting), resumedFrom=dict(snap.resumedFrom),
+        waiting=dict(snap.waiting), resumedFrom=dict(snap.resumedFrom), nodeCostUsd=dict(snap.nodeCostUsd),
         forEach={n: replace(fe, results=list(fe.results), running=dict(fe.running)) for n, fe in snap.forEach.items()},
     )
 
@@ -254,7 +255,10 @@ def _inbox_consumed(flow: CompiledFlow, s: RunSnapshot, ev: InboxConsumed, o: bo
 
 
 def _flow_paused(flow: CompiledFlow, s: RunSnapshot, ev: FlowPaused, o: bool) -> tuple[RunSnapshot, frozenset[str]]:
-    return replace(s, seq=ev.seq, status="paused"), frozenset()
+    budget = None
+    if ev.reason == "budget":
+        budget = BudgetPause(nodeId=ev.nodeId, costUsd=ev.costUsd or 0.0, limitUsd=ev.limitUsd or 0.0)
+    return replace(s, seq=ev.seq, status="paused", budgetPause=budget), frozenset()
 
 
 def _flow_waiting(flow: CompiledFlow, s: RunSnapshot, ev: FlowWaiting, o: bool) -> tuple[RunSnapshot, frozenset[str]]:
@@ -301,8 +305,13 @@ def _flow_resumed(flow: CompiledFlow, s: RunSnapshot, ev: FlowResumed, o: bool) 
     if ev.message is not None:
         for run_id in interrupted:
             inbox[run_id] = [*inbox.get(run_id, []), InboxMessage(kind="resume", content=ev.message, seq=ev.seq)]
+    limits = s.costLimits
+    if ev.budgetUsd is not None:
+        # The new limit is for what paused the run: a node's, or (paused for anything else) the run's.
+        limits = {**limits, budget_key(s): ev.budgetUsd}
     return replace(s, seq=ev.seq, status="running", error=None, nodeStatus=node_status, resumedFrom=resumed_from,
-                   inbox=inbox, faults=faults, attempts=attempts, forEach=for_each), ALL
+                   inbox=inbox, faults=faults, attempts=attempts, forEach=for_each, costLimits=limits,
+                   budgetPause=None), ALL
 
 
 def _agent_start(flow: CompiledFlow, s: RunSnapshot, ev: AgentStart, o: bool) -> tuple[RunSnapshot, frozenset[str]]:
@@ -312,7 +321,10 @@ def _agent_start(flow: CompiledFlow, s: RunSnapshot, ev: AgentStart, o: bool) ->
 def _agent_usage(flow: CompiledFlow, s: RunSnapshot, ev: AgentUsage, o: bool) -> tuple[RunSnapshot, frozenset[str]]:
     # Summed in event order, so a replay adds the same floats in the same order: equal to the bit.
     usage = {k: s.usage.get(k, 0) + int(ev.usage.get(k, 0)) for k in USAGE_KEYS}
-    return replace(s, seq=ev.seq, usage=usage, totalCostUsd=s.totalCostUsd + ev.costUsd), frozenset()
+    node = ev.nodeId or ""
+    node_cost = _set(o, s.nodeCostUsd, node, s.nodeCostUsd.get(node, 0.0) + ev.costUsd)
+    return replace(s, seq=ev.seq, usage=usage, totalCostUsd=s.totalCostUsd + ev.costUsd,
+                   nodeCostUsd=node_cost), frozenset()
 
 
 def _flow_start(flow: CompiledFlow, s: RunSnapshot, ev: FlowStart, o: bool) -> tuple[RunSnapshot, frozenset[str]]:

@@ -285,6 +285,15 @@ class LiveView:
             self._line(self._c("33", "⌘"), d["command"], verdict)
         elif t in ("flow:paused", "flow:resumed", "flow:waiting"):
             why = d.get("reason") or d.get("message") or ""
+            if t == "flow:paused" and why == "budget":
+                from flowkernel.budgets import money
+
+                whose = f"node {d['nodeId']}'s" if d.get("nodeId") else "the run's"
+                why = f"budget: {money(d.get('costUsd') or 0)} spent, {whose} limit is {money(d.get('limitUsd') or 0)}"
+            elif t == "flow:resumed" and d.get("budgetUsd") is not None:
+                from flowkernel.budgets import money
+
+                why = f"{why} (budget raised to {money(d['budgetUsd'])})".strip()
             self._line(self._c("33", "‖" if t != "flow:resumed" else "▶"), t.split(":")[1], why)
         elif t == "flow:updated":
             self._line(self._c("33", "✎"), "flow updated", f"{d['fromHash'][:19]}… → {d['toHash'][:19]}…")

@@ -22,6 +22,7 @@ import msgspec
 from anyio.abc import TaskGroup
 from flowkernel import telemetry
 from flowkernel.agent_runs import FOLDED, AgentRunFold
+from flowkernel.budgets import has_budgets, over_budget, run_limit
 from flowkernel.checkpoint import encode_checkpoint
 from flowkernel.commands import Command, CommandOutcome, judge_command, refusal
 from flowkernel.compiler import CompiledFlow
@@ -172,6 +173,9 @@ class RunExecution:
         self._agents = AgentRunFold.for_run(flow, self.snap, store)
         self._limits = expression_limits(self._services)
         self._deciding: tuple[Scope, anyio.Event] | None = None  # a decision computing in a worker thread
+        # Budgets are checked after each model call and, when child runs count, after each node run.
+        self._budgets = has_budgets(flow)
+        self._children_count = any(n.type == "flow.call" for n in flow.nodes.values())
 
     # -- what node contexts use -------------------------------------------------------------
 
@@ -336,6 +340,8 @@ class RunExecution:
             if msg.nodeId is not None and self._stale(msg):
                 return  # a node run that was cancelled (run stopped, loop reset): its late words change nothing
             self._append(msg)
+            if self._budgets and (type(msg) is AgentUsage or (self._children_count and type(msg) is NodeComplete)):
+                self._check_budget(msg.nodeId if type(msg) is AgentUsage else None)
         elif isinstance(msg, _Durable):
             if msg.draft.nodeId is not None and self._stale(msg.draft):
                 msg.error = anyio.get_cancelled_exc_class()()
@@ -394,17 +400,36 @@ class RunExecution:
             self._finished_commands.append((msg.command_id, received.seq))
         if outcome.accepted:
             if msg.command.kind == "pause":
-                self._pause = True
-                self._pause_event.set()
-                self.stop_reason = "pause"
-                if self._tg is not None:
-                    self._tg.start_soon(self._end_grace)
-                self._append(FlowPaused(reason=msg.command.reason or "pause requested", cause=received.seq))
+                self._pause_now(FlowPaused(reason=msg.command.reason or "pause requested", cause=received.seq))
             elif msg.command.kind == "abort":
                 self.stop_reason = "abort"
                 self._append(FlowComplete(status="aborted", error=msg.command.reason or "aborted", cause=received.seq))
         if msg.reply is not None:
             msg.reply(outcome)
+
+    def _pause_now(self, paused: FlowPaused) -> None:
+        """Pause the run: cooperative node runs finish their step (an agent its model call and tools,
+        stored) and stop at their next turn boundary; the others are cancelled."""
+        self._pause = True
+        self._pause_event.set()
+        self.stop_reason = "pause"
+        if self._tg is not None:
+            self._tg.start_soon(self._end_grace)
+        self._append(paused)
+
+    def _check_budget(self, node_id: str | None) -> None:
+        """Pause when what was spent reached a limit (flowkernel.budgets): after a model call of
+        ``node_id``, or after a node run finished (a child run may have spent)."""
+        if self.snap.status != "running":
+            return
+        below = 0.0
+        if self._children_count and run_limit(self.flow, self.snap) is not None:
+            totals = self.store.descendant_totals([self.snap.runId]).get(self.snap.runId)
+            below = totals.totalCostUsd if totals is not None else 0.0
+        paused = over_budget(self.flow, self.snap, node_id=node_id, below=below)
+        if paused is not None:
+            paused.cause = self.snap.seq
+            self._pause_now(paused)
 
     def _append(self, draft: BaseEvent) -> BaseEvent:
         """Stamp, normalise (JSON round trip), apply and buffer one event."""
@@ -809,8 +834,7 @@ _AFTER_APPLY: dict[type[BaseEvent], Callable[[RunExecution, Any], None]] = {
 # Events whose fields the kernel fills with strings and integers only, and the one field that carries
 # a node's data in the others: when that is a str, int, bool or None, decoding the encoded event
 # would give back an equal event, so the draft itself is applied.
-_KERNEL_MADE = frozenset({EdgeSkip, NodeSkipped, LoopIterate, LoopExhausted, FlowComplete, FlowPaused,
-                          FlowWaiting})
+_KERNEL_MADE = frozenset({EdgeSkip, NodeSkipped, LoopIterate, LoopExhausted, FlowComplete, FlowWaiting})
 _PAYLOAD = {StatePatch: "value", NodeComplete: "output", EdgeFire: "items"}
 _EXACT_JSON = frozenset({str, int, bool, type(None)})  # not float: NaN would come back as null
 

@@ -34,6 +34,14 @@ class Waiting(msgspec.Struct, kw_only=True, omit_defaults=True):
     since: int = 0  # inbox messages up to this seq were there when the node run started: they do not wake it
 
 
+class BudgetPause(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """What paused the run for its budget: the node whose limit it was (None: the run's), and the figures."""
+
+    nodeId: str | None = None
+    costUsd: float = 0.0
+    limitUsd: float = 0.0
+
+
 class RunSnapshot(msgspec.Struct, kw_only=True):
     runId: str
     status: str  # running | paused | waiting | completed | failed | aborted
@@ -60,6 +68,12 @@ class RunSnapshot(msgspec.Struct, kw_only=True):
     # runs keep their own, and ``flowkernel.summaries`` adds them up for the parent.
     usage: dict[str, int] = msgspec.field(default_factory=dict)
     totalCostUsd: float = 0.0
+    # Budgets (DESIGN §12): each node's own cost in this run (its agent:usage events), the limits that
+    # `resume --budget` set (key ``flow``, which no node id can be, for the run's; node ids for nodes'),
+    # and, while the run is paused for a budget, which one.
+    nodeCostUsd: dict[str, float] = msgspec.field(default_factory=dict)
+    costLimits: dict[str, float] = msgspec.field(default_factory=dict)
+    budgetPause: BudgetPause | None = None
 
     def __repr__(self) -> str:
         # A run of a thousand nodes has maps of a thousand entries: show the first few of each, the

@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # The pure core: the flow model, the compiler, expressions (and their bounds), the reducer and the scheduling rules,
 # events and the snapshot, and the node-type protocol. None of it may import the run shell, the
 # stores, the CLI or anything that executes runs.
-CORE = {"flowkernel.flow", "flowkernel.flowfile", "flowkernel.compiler", "flowkernel.expressions",
+CORE = {"flowkernel.budgets", "flowkernel.flow", "flowkernel.flowfile", "flowkernel.compiler", "flowkernel.expressions",
         "flowkernel.expression_bounds",
         "flowkernel.reducer", "flowkernel.scheduling", "flowkernel.events", "flowkernel.snapshot",
         "flowkernel.state_ops", "flowkernel.errors", "flowkernel.ids", "flowkernel.node",

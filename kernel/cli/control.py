@@ -21,6 +21,9 @@ def add_parsers(sub: Any) -> None:
     sp = sub.add_parser("resume", help="continue a paused, waiting or interrupted run")
     sp.add_argument("run")
     sp.add_argument("--message", default="continue", help="delivered to every interrupted node run")
+    sp.add_argument("--budget", type=_usd, metavar="USD",
+                    help="the new limit (US dollars) for what paused the run for its budget: a node's "
+                         "policy.maxCostUsd, else the run's budget.maxCostUsd")
     sp.add_argument("--fixtures", metavar="DIR")
     add_db(sp)
     add_json(sp)
@@ -54,9 +57,22 @@ def add_parsers(sub: Any) -> None:
         sp.set_defaults(handler=handler)
 
 
+def _usd(text: str) -> float:
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number of US dollars (e.g. 10 or 2.50), not {text!r}")
+    return value
+
+
 def cmd_resume(args: argparse.Namespace) -> int:
     with opened(args) as kernel:
-        snap = run_async(kernel.resume, args.run, args.message, on_event=printer(args, lambda: kernel.events(args.run)))
+        snap = run_async(kernel.resume, args.run, args.message, budget=args.budget,
+                         on_event=printer(args, lambda: kernel.events(args.run)))
         return exit_for(snap, args.run, args)
 
 
