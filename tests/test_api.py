@@ -99,7 +99,8 @@ def test_a_snapshot_repr_is_whole_for_a_small_run_and_abbreviated_for_a_large_on
         f"input={{}}, outputs={{'a': 1, 'b': 2}}, state={{}}, nodeStatus={{'a': 'done', 'b': 'done'}}, "
         f"edgeStatus={{'a->b': 'fired'}}, loopCounters={{}}, inbox={{}}, agentSessions={{}}, "
         f"nodeRuns={small.nodeRuns!r}, attempts={{'a': 1, 'b': 1}}, faults={{}}, waiting={{}}, forEach={{}}, "
-        f"resumedFrom={{}}, error=None, parentRunId=None, parentNodeRunId=None, usage={{}}, totalCostUsd=0.0)")
+        f"resumedFrom={{}}, error=None, parentRunId=None, parentNodeRunId=None, usage={{}}, totalCostUsd=0.0, "
+        f"nodeCostUsd={{}}, costLimits={{}}, budgetPause=None)")
     nodes = [t(f"n{i}", str(i)) for i in range(50)]
     _, large, _ = run_flow(flow(nodes, [{"from": f"n{i}", "to": f"n{i + 1}"} for i in range(49)]))
     text = repr(large)
