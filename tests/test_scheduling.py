@@ -209,7 +209,7 @@ def test_timeout_really_cancels_the_node_and_counts_as_a_failed_attempt() -> Non
     doc = flow([py("h", "hang", policy={"timeoutMs": 50, "retry": {"maxAttempts": 2, "backoffMs": 0}})])
     began = time.monotonic()
     _, snap, events = run_flow(doc, reg=registry(hang=hang))
-    assert time.monotonic() - began < 2
+    assert time.monotonic() - began < 10  # a deadline: one attempt left to run would sleep its 10 s
     assert finished == []
     assert snap.status == "failed"
     errors = [e for e in events if isinstance(e, NodeError)]
