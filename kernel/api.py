@@ -24,6 +24,7 @@ from flowkernel.agent_runs import AgentRunFold
 from flowkernel.budgets import run_limit
 from flowkernel.checkpoint import encode_checkpoint, load_checkpoint
 from flowkernel.commands import Command, CommandOutcome, judge_command, not_storable
+from flowkernel.committer import Committer
 from flowkernel.compiler import CompiledFlow, compile_flow, load_flow
 from flowkernel.errors import (
     CommandRejectedError,
@@ -54,7 +55,7 @@ from flowkernel.registry import Registry, default_registry
 from flowkernel.runner import COMMAND_POLL_S, EventListener, RunExecution
 from flowkernel.settings import RunSettings, check_fixtures, import_plugins
 from flowkernel.snapshot import RunSnapshot
-from flowkernel.store.base import AgentRun, EventRow, Lease, RunRecord, Store
+from flowkernel.store.base import AgentRun, CreateRequest, EventRow, Lease, RunRecord, Store
 from msgspec.structs import replace
 
 if TYPE_CHECKING:
@@ -153,6 +154,7 @@ class Kernel:
         self.owner = _owner_id()
         self.lease_ttl_ms = lease_ttl_ms
         self._executing: dict[str, RunExecution] = {}
+        self._committer = Committer(self.store)  # the runs executing here share transactions
         self._flows: dict[str, CompiledFlow] = {}
         self._token_read: tuple[float, int] = (float("-inf"), 0)  # (when, value) of the last change token read
 
@@ -235,6 +237,17 @@ class Kernel:
                 parent_node_run_id: str | None = None, run_id: str | None = None, leased: bool = False) -> _Created:
         """Store a new run with its flow in one transaction; ``leased``: this kernel holds its lease
         from the start (it executes the run next)."""
+        created, request = self._new_run(flow, input, parent_run_id=parent_run_id,
+                                         parent_node_run_id=parent_node_run_id, run_id=run_id, leased=leased)
+        self.store.create_run(request.record, request.events, request.checkpoint, request.blobs,
+                              document=request.document)
+        self._flows[flow.hash] = flow
+        return created
+
+    def _new_run(self, flow: CompiledFlow, input: Any, *, parent_run_id: str | None = None,
+                 parent_node_run_id: str | None = None, run_id: str | None = None,
+                 leased: bool = False) -> tuple[_Created, CreateRequest]:
+        """A new run, and what stores it (see ``_create``)."""
         value = {} if input is None else input
         self.check_input(flow, value)
         run_id = run_id or new_run_id()
@@ -248,10 +261,10 @@ class Kernel:
                            leaseOwner=self.owner if leased else None,
                            leaseExpiresAt=first.event.timestamp + self.lease_ttl_ms if leased else None,
                            leaseEpoch=1 if leased else 0, settings=settings)
-        self.store.create_run(record, [first.row], first.skeleton, first.blobs, document=flow.canonical)
-        self._flows[flow.hash] = flow
+        request = CreateRequest(record=record, events=[first.row], checkpoint=first.skeleton, blobs=first.blobs,
+                                document=flow.canonical)
         return _Created(run_id, first.event, first.snapshot, len(first.skeleton),
-                        Lease(self.owner, 1) if leased else None)
+                        Lease(self.owner, 1) if leased else None), request
 
     def _start(self, flow: CompiledFlow, record: RunRecord, lease: Lease) -> _Created:
         """Write the ``flow:start`` of a queued run, under the lease of the execution that starts it."""
@@ -264,7 +277,14 @@ class Kernel:
         """Create a run and execute it until it stops; returns its final snapshot."""
         run_id = run_id or new_run_id()
         services = self._services(run_id, self.settings, new=True)  # checked before anything is stored
-        created = self._create(flow, input, run_id=run_id, leased=True)
+        created, request = self._new_run(flow, input, run_id=run_id, leased=True)
+        # Created through the committer: runs started together share the transactions that store them.
+        self._committer.executing += 1
+        try:
+            await self._committer.commit(request)
+        finally:
+            self._committer.executing -= 1
+        self._flows[flow.hash] = flow
         if on_event is not None:
             on_event(created.first)
         # Created leased, with the snapshot in hand: nothing to take or load before executing.
@@ -534,7 +554,7 @@ class Kernel:
         run_id = snap.runId
         execution = RunExecution(flow=flow, snapshot=snap, store=self.store, registry=self.registry,
                                  listeners=[on_event] if on_event else [], services=services,
-                                 checkpoint_size=checkpoint_size, lease=lease)
+                                 checkpoint_size=checkpoint_size, lease=lease, committer=self._committer)
         self._executing[run_id] = execution
         if on_execution is not None:
             on_execution(execution)

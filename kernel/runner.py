@@ -25,6 +25,7 @@ from flowkernel.agent_runs import FOLDED, AgentRunFold
 from flowkernel.budgets import has_budgets, over_budget, run_limit
 from flowkernel.checkpoint import encode_checkpoint
 from flowkernel.commands import Command, CommandOutcome, judge_command, refusal
+from flowkernel.committer import Committer
 from flowkernel.compiler import CompiledFlow
 from flowkernel.context import NodeContext
 from flowkernel.errors import FlowkernelError, LeaseLostError, NodeFailure, StoreError
@@ -65,7 +66,7 @@ from flowkernel.reducer import ALL, apply, own
 from flowkernel.registry import Registry
 from flowkernel.scheduling import Decision, Progress, decide
 from flowkernel.snapshot import InboxMessage, RunSnapshot
-from flowkernel.store.base import EventRow, Lease, RunTotals, Store
+from flowkernel.store.base import CommitRequest, EventRow, Lease, RunTotals, Store
 from flowkernel.store.fenced import fenced
 from msgspec.structs import replace
 
@@ -120,7 +121,8 @@ class RunExecution:
 
     def __init__(self, *, flow: CompiledFlow, snapshot: RunSnapshot, store: Store, registry: Registry,
                  listeners: list[EventListener] | None = None, services: dict[str, Any] | None = None,
-                 checkpoint_size: int = 0, lease: Lease | None = None) -> None:
+                 checkpoint_size: int = 0, lease: Lease | None = None,
+                 committer: Committer | None = None) -> None:
         self.flow = flow
         self.registry = registry
         self.store = store
@@ -145,6 +147,8 @@ class RunExecution:
         self._bytes_since_checkpoint = 0
         self._checkpoint_size = checkpoint_size
         self._packer = Packer()  # large payloads and checkpoints, packed in proportion to what changed
+        # Shared by the runs a kernel executes at once: their commits share transactions.
+        self._committer = committer or Committer(store)
         self._window = float(self._services.get("observability_commit_ms", OBSERVABILITY_COMMIT_MS)) / 1000
         self._loud = False  # an event not in _OBSERVABILITY waits to be committed
         self._last_commit = 0.0
@@ -252,6 +256,14 @@ class RunExecution:
 
     async def _execute(self, first: list[BaseEvent],
                        background: list[Callable[[RunExecution], Coroutine[Any, Any, None]]] | None) -> RunSnapshot:
+        self._committer.executing += 1
+        try:
+            return await self._run(first, background)
+        finally:
+            self._committer.executing -= 1
+
+    async def _run(self, first: list[BaseEvent],
+                   background: list[Callable[[RunExecution], Coroutine[Any, Any, None]]] | None) -> RunSnapshot:
         try:
             async with anyio.create_task_group() as tg:
                 self._tg = tg
@@ -289,7 +301,7 @@ class RunExecution:
                     if self._lost is None:
                         await self._step()
                 if self._lost is None:
-                    self._commit(wait=False)
+                    await self._commit(wait=False)
                 tg.cancel_scope.cancel()
         except BaseExceptionGroup as group:
             # The task group wraps whatever stopped it; callers (and the CLI's one-line errors) want
@@ -536,7 +548,7 @@ class RunExecution:
             decision = self._decide(candidates, running, finish)
             if decision is None:
                 # What is decided so far is saved, shown and started before an open expression computes.
-                self._commit()
+                await self._commit()
                 if self._lost is not None:
                     return
                 await self._launch()
@@ -569,7 +581,7 @@ class RunExecution:
                     self._active.pop(self._active_key(s), None)
             if not self._dirty and self._active and not (ready and self._room() > 0):
                 break  # nothing to look at again, and the run cannot end with node runs in flight
-        self._commit()
+        await self._commit()
         if self._lost is not None:
             return
         await self._launch()
@@ -666,7 +678,7 @@ class RunExecution:
         return self.snap.nodeStatus.get(n) == "running" and self.snap.nodeRuns.get(n) == s.runId \
             and n not in self.snap.forEach
 
-    def _commit(self, *, wait: bool = True) -> None:
+    async def _commit(self, *, wait: bool = True) -> None:
         """Commit what was applied since the last commit, with the snapshot's status (and a checkpoint
         when one is due); with ``wait``, observability events alone may wait for their window."""
         if not self._rows and not self._finished_commands:
@@ -700,9 +712,10 @@ class RunExecution:
         totals = None if snap.usage is self._usage_stored else RunTotals(snap.usage, snap.totalCostUsd)
         agent_runs = self._agents.changed() if self._agents is not None else ()
         try:
-            self.store.commit(snap.runId, rows, snap.status, snap.seq, snap.error, checkpoint, blobs or None,
-                              lease=self._lease, release=release, taken=taken, totals=totals,
-                              agent_runs=agent_runs)
+            await self._committer.commit(CommitRequest(
+                runId=snap.runId, events=rows, status=snap.status, seq=snap.seq, error=snap.error,
+                checkpoint=checkpoint, blobs=blobs or None, lease=self._lease, release=release, taken=taken,
+                totals=totals, agent_runs=agent_runs))
             self._usage_stored = snap.usage
             if release:
                 self.lease_released = True

@@ -112,6 +112,34 @@ class AgentRun(msgspec.Struct, kw_only=True):
     totalCostUsd: float = 0.0
 
 
+class CommitRequest(msgspec.Struct, kw_only=True):
+    """One run's ``commit``, as its arguments: what ``commit_group`` commits with others'."""
+
+    runId: str
+    events: Sequence[EventRow]
+    status: str
+    seq: int
+    error: str | None
+    checkpoint: bytes | None
+    blobs: Mapping[str, bytes] | None = None
+    lease: Lease | None = None
+    release: bool = False
+    taken: Sequence[tuple[int, int]] = ()
+    totals: RunTotals | None = None
+    agent_runs: Sequence[AgentRun] = ()
+
+
+class CreateRequest(msgspec.Struct, kw_only=True):
+    """One ``create_run``, as its arguments: a new run can share a transaction with others' commits."""
+
+    record: RunRecord
+    events: Sequence[EventRow]
+    checkpoint: bytes
+    blobs: Mapping[str, bytes] | None = None
+    document: str | None = None
+    agent_runs: Sequence[AgentRun] = ()
+
+
 class CommandRow(msgspec.Struct, kw_only=True):
     id: int
     runId: str
@@ -176,6 +204,12 @@ class Store(Protocol):
         its ``command:received``) pairs marked taken in the same transaction, so a command is never
         taken twice, whatever the crash point. ``totals``: the run's usage and cost changed.
         ``agent_runs``: the run's agent runs these events started or changed."""
+        ...
+    def commit_group(self, requests: Sequence[CommitRequest | CreateRequest]) -> list[Exception | None]:
+        """Several runs' commits (and new runs) in one transaction (one fsync), each in a savepoint of its
+        own: one that fails (its events out of order, its lease lost) is rolled back alone, and its error
+        is returned in its place; the others are committed. A transaction that fails as a whole fails
+        every one."""
         ...
     def read_blobs(self, keys: Iterable[str]) -> dict[str, bytes]: ...
     def read_events(self, run_id: str, after: int = 0, until: int | None = None) -> list[bytes]:

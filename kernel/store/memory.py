@@ -15,6 +15,8 @@ from flowkernel.store.base import (
     AgentRun,
     Claim,
     CommandRow,
+    CommitRequest,
+    CreateRequest,
     EventRow,
     Lease,
     Listener,
@@ -151,6 +153,21 @@ class MemoryStore:
                 self._commands[command_id] = (replace(self._commands[command_id][0], body={}), received)
             self._write_agent_runs(agent_runs)
             self._version += 1
+
+    def commit_group(self, requests: Sequence[CommitRequest | CreateRequest]) -> list[Exception | None]:
+        results: list[Exception | None] = []
+        for r in requests:
+            try:
+                if isinstance(r, CreateRequest):
+                    self.create_run(r.record, r.events, r.checkpoint, r.blobs, document=r.document,
+                                    agent_runs=r.agent_runs)
+                else:
+                    self.commit(r.runId, r.events, r.status, r.seq, r.error, r.checkpoint, r.blobs, lease=r.lease,
+                                release=r.release, taken=r.taken, totals=r.totals, agent_runs=r.agent_runs)
+                results.append(None)
+            except Exception as exc:
+                results.append(exc)
+        return results
 
     def read_events(self, run_id: str, after: int = 0, until: int | None = None) -> list[bytes]:
         self.get_run(run_id)

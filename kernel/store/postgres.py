@@ -165,6 +165,18 @@ class PostgresStore(SqlStore):
             except self._pg.Error as exc:
                 raise self._error(exc) from None
 
+    @contextmanager
+    def _savepoint(self, db: psycopg.Connection[tuple[Any, ...]], conflict: str | None, run: str) -> Iterator[None]:
+        try:
+            with db.transaction():  # nested in the caller's: a savepoint
+                yield
+        except self._pg.errors.UniqueViolation as exc:
+            if conflict is None:
+                raise self._error(exc) from None
+            raise StoreError(conflict.format(location=self.location, run=run, detail=_first_line(exc))) from None
+        except self._pg.Error as exc:
+            raise self._error(exc) from None
+
     def _query(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
         with self._lock:
             db = self._conn()

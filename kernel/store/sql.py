@@ -24,6 +24,8 @@ from flowkernel.store.base import (
     AgentRun,
     Claim,
     CommandRow,
+    CommitRequest,
+    CreateRequest,
     EventRow,
     Lease,
     Listener,
@@ -414,29 +416,39 @@ class SqlStore(SqlArchive, ABC):
     def create_run(self, record: RunRecord, events: Sequence[EventRow], checkpoint: bytes,
                    blobs: Mapping[str, bytes] | None = None, *, document: str | None = None,
                    agent_runs: Sequence[AgentRun] = ()) -> None:
-        with self._tx(self._RUN_EXISTS, record.runId) as db:
-            if document is not None:
-                db.execute(self._sql_insert_flow, (record.flowHash, record.flowName, document, now_ms()))
-            db.execute(
-                self._sql_insert_run,
-                (record.runId, record.flowName, record.flowHash, record.status, record.seq,
-                 json.dumps(record.input), record.createdAt, record.updatedAt, record.error,
-                 record.parentRunId, record.parentNodeRunId, record.forkedFrom, record.forkedAt,
-                 record.flowSource, record.leaseOwner, record.leaseExpiresAt, record.idempotencyKey,
-                 *(record.usage.get(k, 0) for k in USAGE_KEYS), record.totalCostUsd, record.leaseEpoch,
-                 int(record.pooled), record.maxRuns,
-                 None if record.settings is None else json.dumps(record.settings)))
-            self._lock_run_numbers(db)
-            run_no = int(db.execute(self._sql_next_run_no).fetchone()[0])
-            db.execute(self._sql_set_run_no, (run_no, record.runId))
-            self._run_nos[record.runId] = run_no
-            self._insert_events(db, record.runId, events)
-            self._insert_blobs(db, blobs)
-            if events:  # a queued run has neither events nor a checkpoint until a worker starts it
-                db.execute(self._sql_put_checkpoint, (record.runId, record.seq, self._enc(checkpoint)))
-            elif record.status == "queued":
-                self._notify_queue(db)
-            self._write_agent_runs(db, agent_runs)
+        try:
+            with self._tx(self._RUN_EXISTS, record.runId) as db:
+                self._create_in(db, CreateRequest(record=record, events=events, checkpoint=checkpoint,
+                                                  blobs=blobs, document=document, agent_runs=agent_runs))
+        except StoreError:
+            self._run_nos.pop(record.runId, None)
+            raise
+
+    def _create_in(self, db: Any, r: CreateRequest) -> None:
+        """A new run's statements, inside the caller's transaction."""
+        record, document, events, blobs, checkpoint = r.record, r.document, r.events, r.blobs, r.checkpoint
+        if document is not None:
+            db.execute(self._sql_insert_flow, (record.flowHash, record.flowName, document, now_ms()))
+        db.execute(
+            self._sql_insert_run,
+            (record.runId, record.flowName, record.flowHash, record.status, record.seq,
+             json.dumps(record.input), record.createdAt, record.updatedAt, record.error,
+             record.parentRunId, record.parentNodeRunId, record.forkedFrom, record.forkedAt,
+             record.flowSource, record.leaseOwner, record.leaseExpiresAt, record.idempotencyKey,
+             *(record.usage.get(k, 0) for k in USAGE_KEYS), record.totalCostUsd, record.leaseEpoch,
+             int(record.pooled), record.maxRuns,
+             None if record.settings is None else json.dumps(record.settings)))
+        self._lock_run_numbers(db)
+        run_no = int(db.execute(self._sql_next_run_no).fetchone()[0])
+        db.execute(self._sql_set_run_no, (run_no, record.runId))
+        self._run_nos[record.runId] = run_no
+        self._insert_events(db, record.runId, events)
+        self._insert_blobs(db, blobs)
+        if events:  # a queued run has neither events nor a checkpoint until a worker starts it
+            db.execute(self._sql_put_checkpoint, (record.runId, record.seq, self._enc(checkpoint)))
+        elif record.status == "queued":
+            self._notify_queue(db)
+        self._write_agent_runs(db, r.agent_runs)
 
     def _backfill_agent_runs(self, db: Any) -> None:
         """Called while migrating a database from before version 9, whose agent runs have no rows yet:
@@ -477,6 +489,7 @@ class SqlStore(SqlArchive, ABC):
             db.execute(self._sql_insert_flow, (flow_hash, name, document, now_ms()))
             if db.execute(self._sql_set_flow, (flow_hash, source, run_id)).rowcount == 0:
                 raise UnknownRunError(run_id, self.location)
+
 
     def _insert_blobs(self, db: Any, blobs: Mapping[str, bytes] | None) -> None:
         # Content-addressed: a blob that exists already is the same bytes; writing it again changes nothing.
@@ -583,31 +596,71 @@ class SqlStore(SqlArchive, ABC):
                checkpoint: bytes | None, blobs: Mapping[str, bytes] | None = None, *, lease: Lease | None = None,
                release: bool = False, taken: Sequence[tuple[int, int]] = (),
                totals: RunTotals | None = None, agent_runs: Sequence[AgentRun] = ()) -> None:
+        request = CommitRequest(runId=run_id, events=events, status=status, seq=seq, error=error,
+                                checkpoint=checkpoint, blobs=blobs, lease=lease, release=release, taken=taken,
+                                totals=totals, agent_runs=agent_runs)
         try:
             with self._tx(self._OUT_OF_ORDER, run_id) as db:
-                if lease is not None:
-                    self._check_lease(db, run_id, lease)
-                self._insert_events(db, run_id, events)
-                if agent_runs:
-                    self._write_agent_runs(db, agent_runs)
-                if totals is not None:
-                    db.execute(self._sql_set_totals, (*(totals.usage.get(k, 0) for k in USAGE_KEYS),
-                                                      totals.totalCostUsd, run_id))
-                if release and lease is not None:
-                    db.execute(self._sql_update_status_release, (status, seq, error, now_ms(), run_id))
-                    if status == "running":
-                        self._notify_queue(db)  # left running for the pool: wake a worker
-                elif self._known_status.get(run_id) != (status, error):
-                    db.execute(self._sql_update_status, (status, seq, error, now_ms(), run_id))
-                self._insert_blobs(db, blobs)
-                if checkpoint is not None:
-                    db.execute(self._sql_put_checkpoint, (run_id, seq, self._enc(checkpoint)))
-                for command_id, received in taken:
-                    db.execute(self._sql_finish_command, (received, command_id))
+                self._write(db, request)
             self._known_status[run_id] = (status, error)
         except (StoreError, LeaseLostError):
             self._known_status.pop(run_id, None)
             raise
+
+    def commit_group(self, requests: Sequence[CommitRequest | CreateRequest]) -> list[Exception | None]:
+        results: list[Exception | None] = [None] * len(requests)
+        try:
+            with self._tx() as db:
+                for i, r in enumerate(requests):
+                    try:
+                        if isinstance(r, CreateRequest):
+                            with self._savepoint(db, self._RUN_EXISTS, r.record.runId):
+                                self._create_in(db, r)
+                        else:
+                            with self._savepoint(db, self._OUT_OF_ORDER, r.runId):
+                                self._write(db, r)
+                    except Exception as exc:  # this run's alone: the others' rows stay in the transaction
+                        results[i] = exc
+        except StoreError as exc:
+            results = [exc] * len(requests)
+        for r, failed in zip(requests, results, strict=True):
+            if isinstance(r, CreateRequest):
+                if failed is not None:
+                    self._run_nos.pop(r.record.runId, None)
+            elif failed is None:
+                self._known_status[r.runId] = (r.status, r.error)
+            else:
+                self._known_status.pop(r.runId, None)
+        return results
+
+    def _write(self, db: Any, r: CommitRequest) -> None:
+        """A commit's statements, inside the caller's transaction: its lease is checked in it, so a
+        commit made in a group is fenced exactly as one made on its own."""
+        run_id, lease = r.runId, r.lease
+        if lease is not None:
+            self._check_lease(db, run_id, lease)
+        self._insert_events(db, run_id, r.events)
+        if r.agent_runs:
+            self._write_agent_runs(db, r.agent_runs)
+        if r.totals is not None:
+            db.execute(self._sql_set_totals, (*(r.totals.usage.get(k, 0) for k in USAGE_KEYS),
+                                              r.totals.totalCostUsd, run_id))
+        if r.release and lease is not None:
+            db.execute(self._sql_update_status_release, (r.status, r.seq, r.error, now_ms(), run_id))
+            if r.status == "running":
+                self._notify_queue(db)  # left running for the pool: wake a worker
+        elif self._known_status.get(run_id) != (r.status, r.error):
+            db.execute(self._sql_update_status, (r.status, r.seq, r.error, now_ms(), run_id))
+        self._insert_blobs(db, r.blobs)
+        if r.checkpoint is not None:
+            db.execute(self._sql_put_checkpoint, (run_id, r.seq, self._enc(r.checkpoint)))
+        for command_id, received in r.taken:
+            db.execute(self._sql_finish_command, (received, command_id))
+
+    @abstractmethod
+    def _savepoint(self, db: Any, conflict: str | None, run: str) -> AbstractContextManager[None]:
+        """A savepoint inside ``db``'s transaction: rolled back to when the block raises, which then
+        raises StoreError (``conflict``, formatted with ``run``, for a unique-key violation)."""
 
     def read_events(self, run_id: str, after: int = 0, until: int | None = None) -> list[bytes]:
         base = self._run_no(run_id) * RUN_SPAN

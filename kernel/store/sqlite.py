@@ -11,7 +11,8 @@ import os
 import sqlite3
 import threading
 import urllib.parse
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -125,6 +126,21 @@ class SqliteStore(SqlStore):
 
     def _tx(self, conflict: str | None = None, run: str = "") -> _Transaction:
         return _Transaction(self, conflict, run)
+
+    @contextmanager
+    def _savepoint(self, db: sqlite3.Connection, conflict: str | None, run: str) -> Iterator[None]:
+        db.execute("SAVEPOINT flowkernel_commit")
+        try:
+            yield
+        except BaseException as exc:
+            db.execute("ROLLBACK TO flowkernel_commit")
+            db.execute("RELEASE flowkernel_commit")
+            if isinstance(exc, sqlite3.IntegrityError) and conflict is not None:
+                raise StoreError(conflict.format(location=self.location, run=run, detail=exc)) from None
+            if isinstance(exc, sqlite3.Error):
+                raise self._error(exc) from None
+            raise
+        db.execute("RELEASE flowkernel_commit")
 
     def _query(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
         with self._lock:
