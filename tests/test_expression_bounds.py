@@ -292,3 +292,37 @@ def kernel_events_types(db: str, run_id: str) -> list[str]:
         return [e.type for e in kernel.events(run_id)]
     finally:
         kernel.close()
+
+
+def test_a_stopping_worker_hands_over_a_run_whose_scheduler_is_computing_an_expression(
+        tmp_path: Path, clean_env: dict[str, str]) -> None:
+    """SIGTERM while the rules evaluate a runaway binding: the worker does not wait for it (its grace is
+    for node runs, and none is in flight); it leaves the run running, unleased, for another worker."""
+    from flowkernel.store.open import open_store
+
+    db = str(tmp_path / "runs.db")
+    kernel = Kernel(open_store(db))
+    flow = kernel.compile({"name": "deciding", "nodes": [
+        {"id": "first", "type": "noop", "input": {"n": 1}},
+        {"id": "then", "type": "noop", "input": {"value": "{{ " + FOREVER + " }}"}}],
+        "edges": [{"from": "first", "to": "then"}]})
+    env = {**clean_env, "FLOWKERNEL_EXPR_TIMEOUT_MS": "600000"}
+    worker = subprocess.Popen([sys.executable, "-m", "flowkernel.cli", "worker", "--db", db, "--grace-s", "120"],
+                              cwd=tmp_path, env=env, text=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        run_id = kernel.enqueue(flow, {})
+        deadline = time.monotonic() + 60
+        while not any(e.type == "edge:fire" for e in kernel.events(run_id)):
+            assert worker.poll() is None and time.monotonic() < deadline, "the worker never got to the binding"
+            time.sleep(0.02)
+        worker.send_signal(signal.SIGTERM)
+        stopping = time.monotonic()
+        assert worker.wait(timeout=60) == 0
+        assert time.monotonic() - stopping < 30  # not the 120 s grace, nor the ten-minute limit
+    finally:
+        worker.kill()
+        worker.communicate(timeout=10)
+    record = kernel.store.get_run(run_id)
+    assert record.status == "running" and record.leaseOwner is None
+    assert not any(e.type == "node:start" and e.nodeId == "then" for e in kernel.events(run_id))
+    kernel.close()
