@@ -67,6 +67,11 @@ def budget_key(snap: RunSnapshot) -> str:
 
 def resume_problem(flow: CompiledFlow, snap: RunSnapshot, budget: float | None, *, below: float = 0.0) -> str | None:
     """Why resuming ``snap`` (with ``budget`` as the new limit, if given) would pause again at once, or None."""
+    paused = snap.budgetPause
+    if paused is not None and (budget is None or budget <= paused.costUsd):
+        # Whatever reached the limit (a child run's own budget, too) has spent this much: ask for more.
+        return _spent(f"node {paused.nodeId}" if paused.nodeId else f"run {snap.runId}", paused.costUsd,
+                      paused.limitUsd if budget is None else budget)
     limits = dict(snap.costLimits)
     if budget is not None:
         limits[budget_key(snap)] = budget
@@ -74,14 +79,16 @@ def resume_problem(flow: CompiledFlow, snap: RunSnapshot, budget: float | None, 
     first = snap.budgetPause.nodeId if snap.budgetPause is not None else None
     nodes = [n for n in flow.nodes if n != first and n in snap.nodeCostUsd]
     for node_id in [first, *nodes, None] if first else [*nodes, None]:
-        paused = over_budget(flow, raised, node_id=node_id, below=below)
-        if paused is None:
-            continue
-        whose = f"node {paused.nodeId}" if paused.nodeId else f"run {snap.runId}"
-        spent, limit = paused.costUsd or 0.0, paused.limitUsd or 0.0
-        return (f"{whose} has spent {money(spent)} of its {money(limit)} budget; resume with a higher "
-                f"limit: --budget {money(suggested_budget(spent, limit), sign=False)}")
+        over = over_budget(flow, raised, node_id=node_id, below=below)
+        if over is not None:
+            return _spent(f"node {over.nodeId}" if over.nodeId else f"run {snap.runId}", over.costUsd or 0.0,
+                          over.limitUsd or 0.0)
     return None
+
+
+def _spent(whose: str, spent: float, limit: float) -> str:
+    return (f"{whose} has spent {money(spent)} of its {money(limit)} budget; resume with a higher "
+            f"limit: --budget {money(suggested_budget(spent, limit), sign=False)}")
 
 
 def suggested_budget(cost: float, limit: float) -> float:

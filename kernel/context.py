@@ -144,6 +144,10 @@ class NodeContext:
         """Return when the run is asked to pause (for cooperative nodes that watch in a task)."""
         await self._shell.wait_for_pause()
 
+    def raised_budget(self) -> float | None:
+        """The limit ``resume --budget`` last set for this node (``flowkernel.budgets``), if any."""
+        return self._shell.current_snapshot().costLimits.get(self.node_id)
+
     @property
     def stop_reason(self) -> str | None:
         """Why the run is stopping (``pause``, ``abort``, ``failed``), once it is; else None."""

@@ -14,6 +14,7 @@ from flowkernel.errors import Problem
 
 if TYPE_CHECKING:
     from flowkernel.context import NodeContext
+    from flowkernel.events import FlowPaused
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,9 +25,15 @@ class WaitFor:
     schema: dict[str, Any] | None = None
 
 
+@dataclass(frozen=True, slots=True)
 class Interrupted:
     """Returned by a cooperative node that stopped at a step boundary because the run is pausing:
-    the node run stays interrupted and starts again (``resumedFrom``) when the run resumes."""
+    the node run stays interrupted and starts again (``resumedFrom``) when the run resumes.
+
+    ``pause``: the node stopped of its own accord (a ``flow.call`` whose child run paused for its
+    budget), and the run must pause with this ``flow:paused``."""
+
+    pause: FlowPaused | None = None
 
 
 INTERRUPTED = Interrupted()

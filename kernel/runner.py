@@ -106,6 +106,7 @@ class _Finished:
 
     node_id: str
     item: int | None
+    pause: FlowPaused | None = None  # it stopped of its own accord: the run pauses (node.Interrupted)
 
 
 @dataclass(slots=True)
@@ -370,6 +371,9 @@ class RunExecution:
             self._handle_command(msg)
         elif isinstance(msg, _Finished):
             self._active.pop((msg.node_id, msg.item), None)
+            if msg.pause is not None and self.snap.status == "running" and not self._draining:
+                msg.pause.cause = self.snap.seq
+                self._pause_now(msg.pause)
         # _Wake: nothing to apply; the loop looks at its state again
 
     def _stale(self, ev: BaseEvent) -> bool:
@@ -820,7 +824,7 @@ class RunExecution:
                 continue
             duration = int((time.monotonic() - began) * 1000)
             if isinstance(result, Interrupted):
-                self._put(_Finished(node.id, start.item))
+                self._put(_Finished(node.id, start.item, result.pause))
             elif isinstance(result, WaitFor):
                 # ``cause``: the node:start of the run that now waits. It saw its inbox as of then, so
                 # only messages that came after wake it again (a node type that waits on, ignoring a

@@ -8,12 +8,13 @@ from typing import TYPE_CHECKING, Any
 import anyio
 from flowkernel.context import NodeContext
 from flowkernel.errors import FlowkernelError, NodeFailure, Problem
-from flowkernel.events import NodeStart
+from flowkernel.events import FlowPaused, NodeStart
 from flowkernel.localfiles import resolve_inside
-from flowkernel.node import INTERRUPTED, WaitFor, bindable
+from flowkernel.node import INTERRUPTED, Interrupted, WaitFor, bindable
 
 if TYPE_CHECKING:
     from flowkernel.api import Kernel
+    from flowkernel.snapshot import RunSnapshot
 
 DEFAULT_MAX_DEPTH = 8
 
@@ -86,7 +87,9 @@ class FlowCallNode:
         if snap.status == "completed":
             return snap.outputs
         if snap.status == "paused":
-            return INTERRUPTED
+            if ctx.pause_requested():
+                return INTERRUPTED  # the parent pauses, and paused the child with it
+            return Interrupted(pause=_child_paused(ctx.node_id, child_id, snap))
         if snap.status == "waiting":
             waits = [{"nodeId": n, "runId": w.runId, "prompt": w.prompt} for n, w in snap.waiting.items()]
             return WaitFor(prompt={"childRunId": child_id, "waiting": waits})
@@ -108,7 +111,7 @@ class FlowCallNode:
             tg.start_soon(cascade_pause)
             if record.status == "paused" and ctx.resumed_from:
                 message = next((m.content for m in ctx.inbox() if m.kind == "resume"), "continue")
-                result.append(await kernel.resume(child_id, message))
+                result.append(await kernel.resume(child_id, message, budget=_budget_for(kernel, ctx, child_id)))
             elif record.status == "failed" and ctx.resumed_from:
                 result.append(await kernel.retry(child_id))
             elif record.status in ("running", "waiting"):
@@ -140,6 +143,23 @@ class FlowCallNode:
         mine = set(runs)
         children = [c for c in kernel.runs(parent=ctx.flow_run_id) if c.parentNodeRunId in mine]
         return children[0].runId if children else None
+
+
+def _child_paused(node_id: str, child_id: str, snap: RunSnapshot) -> FlowPaused:
+    """What pauses the parent when its child paused of its own accord: the child's budget, as this
+    node's (so ``resume --budget`` on the parent raises it), or whatever else paused the child."""
+    paused = snap.budgetPause
+    if paused is not None:
+        return FlowPaused(reason="budget", nodeId=node_id, costUsd=paused.costUsd, limitUsd=paused.limitUsd)
+    return FlowPaused(reason=f"child run {child_id} paused")
+
+
+def _budget_for(kernel: Kernel, ctx: NodeContext, child_id: str) -> float | None:
+    """The limit to resume a child paused for its budget with: the one ``resume --budget`` gave this
+    node in the parent, when that is above what the child spent (else the child decides)."""
+    raised = ctx.raised_budget()
+    paused = kernel.snapshot(child_id).budgetPause
+    return raised if raised is not None and paused is not None and raised > paused.costUsd else None
 
 
 def _continue_waiting(snap: Any) -> list[Any]:

@@ -164,6 +164,40 @@ async def test_a_child_run_that_spends_the_parents_budget_pauses_the_parent_befo
     audit_run(kernel.store, paused.runId)
 
 
+async def test_a_child_paused_by_its_own_budget_pauses_the_parent_and_resume_budget_on_the_parent_raises_it(
+        tmp_path: Path, fake: FakeAnthropic) -> None:
+    tool_loop(fake)
+    (tmp_path / "child.json").write_text(json.dumps({"name": "child", "budget": {"maxCostUsd": 0.25},
+                                                     "nodes": [echo_agent()]}))
+    (tmp_path / "parent.json").write_text(json.dumps({
+        "name": "parent",
+        "nodes": [{"id": "call", "type": "flow.call", "input": {"flow": "child.json"}},
+                  {"id": "after", "type": "transform", "input": {"expr": "call.agent.text"}}],
+        "edges": [{"from": "call", "to": "after"}]}))
+    kernel = make_kernel(tmp_path, fake)
+    kernel.registry.add_tool("echo", lambda text: text)
+
+    paused = await kernel.run(kernel.load_flow(tmp_path / "parent.json"), {})
+
+    # the child stopped at its agent's turn boundary after $0.30 of its $0.25; the parent paused with it
+    (child,) = kernel.runs(parent=paused.runId)
+    assert child.status == "paused" and fake.request_count == 1
+    assert paused.status == "paused" and paused.nodeStatus["call"] == "running"
+    pause = next(e for e in kernel.events(paused.runId) if isinstance(e, FlowPaused))
+    assert (pause.reason, pause.nodeId, pause.costUsd, pause.limitUsd) == ("budget", "call", 0.3, 0.25)
+    with pytest.raises(CommandRejectedError, match=r"node call has spent \$0\.3 of its \$0\.25 budget"):
+        await kernel.resume(paused.runId)
+
+    final = await kernel.resume(paused.runId, budget=1)
+
+    # the child got the new limit and finished its conversation; then the parent went on
+    assert final.status == "completed" and final.outputs["after"] == "done"
+    assert kernel.snapshot(child.runId).costLimits == {"flow": 1.0}
+    assert fake.request_count == 3 and kernel.summary(paused.runId).totalCostUsd == 0.9
+    audit_run(kernel.store, paused.runId)
+    audit_run(kernel.store, child.runId)
+
+
 def test_the_budget_to_resume_with_is_judged_before_anything_is_recorded() -> None:
     from flowkernel.compiler import compile_flow
     from flowkernel.events import FlowStart
