@@ -805,9 +805,9 @@ class RunExecution:
                             result = await node_type.run(ctx)
                     else:
                         result = await node_type.run(ctx)
-            except (Exception, SystemExit) as exc:
-                # SystemExit from a function a node calls is that node's failure: it must not end the
-                # process (and every other run it executes) with the run left half-done.
+            except BaseException as exc:
+                if not _is_node_failure(exc):
+                    raise
                 error_type, message = _describe(exc, policy.timeoutMs)
                 will_retry = attempt < max_attempts and not self._pause
                 self.submit(NodeError(nodeId=node.id, runId=run_id, item=start.item, errorType=error_type,
@@ -916,6 +916,18 @@ def _traceback(exc: BaseException, timeout_ms: int | None) -> Any:
     return {"traceback": text}
 
 
+def _is_node_failure(exc: BaseException) -> bool:
+    """Whether ``exc``, raised from a node run, is that node's failure. Cancellation (a timeout, a pause,
+    an abort), Ctrl-C and a coroutine being closed go on; anything else a node's code raises, SystemExit
+    and a bare BaseException included, must not end the process (and every other run it executes) with
+    the run left half-done."""
+    if isinstance(exc, Exception):
+        return True
+    if isinstance(exc, BaseExceptionGroup):
+        return all(_is_node_failure(e) for e in exc.exceptions)
+    return not isinstance(exc, (anyio.get_cancelled_exc_class(), KeyboardInterrupt, GeneratorExit))
+
+
 def _first_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
     """The error to report from a task group's exception group: a flowkernel error if there is one
     (it carries the message meant for the user), else the first one."""
@@ -937,6 +949,6 @@ def _describe(exc: BaseException, timeout_ms: int | None) -> tuple[str, str]:
         return exc.error_type, str(exc)
     if isinstance(exc, FlowkernelError):
         return type(exc).__name__, str(exc)
-    if not isinstance(exc, Exception):  # SystemExit and the like: say what was raised
+    if not isinstance(exc, Exception):  # SystemExit, a bare BaseException: say what was raised
         return type(exc).__name__, f"raised {type(exc).__name__}({exc})"
     return type(exc).__name__, str(exc) or type(exc).__name__

@@ -57,19 +57,21 @@ def test_a_node_type_bug_that_escapes_into_the_kernel_fails_the_run_with_the_err
     assert show["snapshot"]["outputs"]["first"] == {"n": 1}  # what was saved before the fault stays
 
 
-def test_sys_exit_in_a_python_function_fails_its_node_not_the_process(tmp_path: Path,
-                                                                     clean_env: dict[str, str]) -> None:
-    flow = write_flow(tmp_path, [{"id": "quits", "type": "python", "input": {"function": "faulty.exit"}},
+@pytest.mark.parametrize(("function", "raised"), [("faulty.exit", "SystemExit(3)"),
+                                                  ("faulty.base", "BaseException(not an Exception)")])
+def test_sys_exit_or_a_bare_base_exception_in_a_python_function_fails_its_node_not_the_process(
+        function: str, raised: str, tmp_path: Path, clean_env: dict[str, str]) -> None:
+    flow = write_flow(tmp_path, [{"id": "quits", "type": "python", "input": {"function": function}},
                                  {"id": "after", "type": "noop", "input": {}}])
     run = fk("run", flow, "--json", cwd=tmp_path, env=clean_env)
     assert run.returncode == 1  # not the 3 the function passed to sys.exit
     lines = run.stderr.strip().splitlines()
-    assert len(lines) == 1 and "raised SystemExit(3)" in lines[0], run.stderr
+    assert len(lines) == 1 and f"raised {raised}" in lines[0], run.stderr
     run_id = json.loads(run.stdout.splitlines()[0])["flowRunId"]
     show, events = stored(run_id, tmp_path, clean_env)
     assert show["run"]["status"] == "failed"
     error = next(e for e in events if e["type"] == "node:error")
-    assert error["nodeId"] == "quits" and error["errorType"] == "SystemExit"
+    assert error["nodeId"] == "quits" and error["errorType"] == raised.split("(")[0]
     assert show["snapshot"]["nodeStatus"]["after"] == "pending"
 
 

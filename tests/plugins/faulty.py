@@ -18,6 +18,12 @@ def exit_process(code: int = 3) -> None:
     sys.exit(code)
 
 
+@register_function("faulty.base")
+def base_exception() -> None:
+    """Raises a bare BaseException, which no ``except Exception`` catches."""
+    raise BaseException("not an Exception")
+
+
 @register_function("faulty.deep")
 def deep(depth: int = 100_000) -> list[Any]:
     """A list nested deeper than any JSON encoder goes."""
