@@ -276,3 +276,42 @@ def test_cli_refuses_a_budget_that_is_not_a_positive_number_and_validate_names_t
     budget = schema["$defs"]["Budget"]
     assert budget["properties"]["maxCostUsd"]["exclusiveMinimum"] == 0 and budget["required"] == ["maxCostUsd"]
     assert "maxCostUsd" in schema["$defs"]["Policy"]["properties"]
+
+
+# --- over HTTP: the same Kernel.resume, through the worker pool -----------------------------------
+
+def test_resume_over_http_takes_a_budget_and_the_pool_continues_the_run(tmp_path: Path, fake: FakeAnthropic) -> None:
+    from flowkernel.nodes.claude.query import AnthropicQuery
+    from flowkernel.registry import default_registry
+
+    from tests.server_support import pool_worker, serving, wait_for
+    from tests.test_server import assert_problem
+
+    tool_loop(fake)
+    reg = default_registry().copy()
+    reg.add_tool("echo", lambda text: text)
+    query = AnthropicQuery(base_url=fake.base_url, api_key="test", backoff_s=0.01, max_retries=3)
+    db = str(tmp_path / "runs.db")
+    document = {"name": "budgeted", "budget": {"maxCostUsd": 0.5}, "nodes": [echo_agent()]}
+    with serving(db, registry=reg, services={"query_fn": query}) as live, \
+            pool_worker(db, registry=reg, services={"query_fn": query}), live.client() as http:
+        run_id = http.post("/api/v1/runs", json={"flowDocument": document}).json()["runId"]
+
+        def run() -> dict[str, Any]:
+            body: dict[str, Any] = http.get(f"/api/v1/runs/{run_id}").json()
+            return body
+
+        wait_for(lambda: run()["run"]["status"] == "paused", what="the run to pause for its budget")
+        assert run()["snapshot"]["budgetPause"] == {"costUsd": 0.6, "limitUsd": 0.5}
+        assert_problem(http.post(f"/api/v1/runs/{run_id}/resume", json={"budget": 0}), 422, path="$.budget")
+        refused = assert_problem(http.post(f"/api/v1/runs/{run_id}/resume", json={}), 409)
+        assert "spent $0.6 of its $0.5 budget" in refused["detail"] and "--budget 1" in refused["detail"]
+
+        resumed = http.post(f"/api/v1/runs/{run_id}/resume", json={"message": "go on", "budget": 1})
+
+        assert resumed.status_code == 202, resumed.text
+        wait_for(lambda: run()["run"]["status"] == "completed", what="the pool to finish the run")
+        events = http.get(f"/api/v1/runs/{run_id}/events", params={"types": "flow:resumed"}).json()["items"]
+        assert [(e["message"], e["budgetUsd"]) for e in events] == [("go on", 1.0)]
+        assert run()["snapshot"]["costLimits"] == {"flow": 1.0} and run()["run"]["totalCostUsd"] == 0.9
+    assert fake.request_count == 3

@@ -97,14 +97,15 @@ async def create_run(request: Request, body: CreateRun, wait: Wait = None) -> Re
                          headers={"Location": f"{request.url.path}/{run_id}"})
 
 
-def _to_pool(kernel: Kernel, run_id: str, kind: str, message: str | None) -> int:
+def _to_pool(kernel: Kernel, run_id: str, kind: str, message: str | None, budget: float | None = None) -> int:
     """Resume or retry ``run_id`` through the workers; the seq of its accepting ``command:received``."""
     record = kernel.store.get_run(run_id)
     if not record.pooled:
         raise ApiProblem(409, f"run {run_id} was started by a `flowkernel run` process, not queued for the workers: "
                               f"continue it with `flowkernel {kind} {run_id}`", kind="not-pooled")
     if kind == "resume":
-        snap = anyio.run(lambda: kernel.resume(run_id, message if message is not None else "continue", queue=True))
+        snap = anyio.run(lambda: kernel.resume(run_id, message if message is not None else "continue", queue=True,
+                                               budget=budget))
     else:
         snap = anyio.run(lambda: kernel.retry(run_id, message=message, queue=True))
     # Handed to the pool with two events: the accepting command:received, then flow:resumed.
@@ -115,7 +116,8 @@ def _to_pool(kernel: Kernel, run_id: str, kind: str, message: str | None) -> int
              summary="Continue a paused, failed or interrupted run (a worker executes it)")
 async def resume(request: Request, runId: str, body: Resume | None = None) -> Response:
     kernel = kernel_of(request)
-    seq = await anyio.to_thread.run_sync(_to_pool, kernel, runId, "resume", body.message if body else None)
+    seq = await anyio.to_thread.run_sync(_to_pool, kernel, runId, "resume", body.message if body else None,
+                                         body.budget if body else None)
     return json_response({"accepted": True, "seq": seq}, status=202)
 
 

@@ -99,6 +99,9 @@ class CreateRun(_Body):
 
 class Resume(_Body):
     message: str | None = Field(None, description='delivered to every interrupted node run (default "continue")')
+    budget: float | None = Field(None, gt=0, allow_inf_nan=False, description=(
+        "the new limit in US dollars for what paused the run for its budget (a node's policy.maxCostUsd, "
+        "else the run's budget.maxCostUsd), as `flowkernel resume RUN --budget USD`"))
 
 
 class Retry(_Body):
