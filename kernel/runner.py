@@ -943,6 +943,8 @@ def _first_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
 
 
 def _describe(exc: BaseException, timeout_ms: int | None) -> tuple[str, str]:
+    if isinstance(exc, BaseExceptionGroup):  # from a task group inside the node: say what failed in it
+        exc = _first_error(exc)
     if isinstance(exc, TimeoutError) and timeout_ms:
         return "timeout", f"timed out after {timeout_ms} ms"
     if isinstance(exc, NodeFailure):

@@ -163,3 +163,23 @@ def test_a_worker_marks_a_run_its_kernel_failed_on_as_failed_and_goes_on(tmp_pat
     reported = [line for line in log.read_text().splitlines() if failed in line]
     assert len(reported) == 1 and "internal error" in reported[0] and "Traceback" not in log.read_text()
     kernel.close()
+
+
+def test_a_child_run_the_kernel_failed_on_fails_its_parent_with_the_error_named(tmp_path: Path,
+                                                                                  clean_env: dict[str, str]) -> None:
+    (tmp_path / "child.json").write_text(json.dumps({"name": "child", "nodes": [
+        {"id": "first", "type": "noop", "input": {}}, {"id": "buggy", "type": "faulty.event", "input": {}}],
+        "edges": [{"from": "first", "to": "buggy"}]}))
+    flow = write_flow(tmp_path, [{"id": "call", "type": "flow.call", "input": {"flow": "child.json"}},
+                                 {"id": "after", "type": "noop", "input": {}}])
+    run = fk("run", flow, "--json", cwd=tmp_path, env=clean_env)
+    assert run.returncode == 1
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in run.stderr, run.stderr
+    assert "internal error: KeyError: 'no-such-edge'" in lines[0] and "TaskGroup" not in lines[0], lines[0]
+    records = [json.loads(line) for line in fk("runs", "--json", cwd=tmp_path, env=clean_env).stdout.splitlines()]
+    assert {r["flowName"]: r["status"] for r in records} == {"faulty": "failed", "child": "failed"}
+    parent = next(r for r in records if r["flowName"] == "faulty")
+    _, events = stored(parent["runId"], tmp_path, clean_env)
+    [error] = [e for e in events if e["type"] == "node:error"]
+    assert error["nodeId"] == "call" and error["errorType"] == "KernelFault"
