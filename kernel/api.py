@@ -700,6 +700,8 @@ class Kernel:
                 except StoreError:
                     continue  # the store is unreachable for now: the run's next commit says so, or this retries
                 if not held:
+                    if execution.lease_released or execution.lease_releasing:
+                        return  # its own last commit ended the lease, just now
                     try:
                         holder = self.store.get_run(run_id).leaseOwner
                     except StoreError:

@@ -169,6 +169,9 @@ class RunExecution:
         self._lease = lease
         self.node_store = fenced(store, lease)
         self.lease_released = False
+        # A commit that ends the lease is being made (in another thread, with other runs' commits): the
+        # lease may be gone from the store before ``lease_released`` is set.
+        self.lease_releasing = False
         # The usage map the run row holds (the reducer replaces it on every agent:usage: an identity check).
         self._usage_stored = self.snap.usage
         self._lost: LeaseLostError | None = None  # set once another execution has taken the run over
@@ -715,6 +718,7 @@ class RunExecution:
         snap = self.snap
         totals = None if snap.usage is self._usage_stored else RunTotals(snap.usage, snap.totalCostUsd)
         agent_runs = self._agents.changed() if self._agents is not None else ()
+        self.lease_releasing = release
         try:
             await self._committer.commit(CommitRequest(
                 runId=snap.runId, events=rows, status=snap.status, seq=snap.seq, error=snap.error,

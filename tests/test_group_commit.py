@@ -167,3 +167,17 @@ def test_a_run_whose_commit_fails_fails_alone_while_the_others_complete(tmp_path
     for f in done:
         assert [e.seq for e in kernel.events(f.runId)] == list(range(1, f.seq + 1))
     intruder.close()
+
+
+def test_a_run_whose_last_commit_is_in_flight_when_its_lease_renews_completes(tmp_path: Path) -> None:
+    # The commit that stops a run also ends its lease, in a worker thread while other runs go on: a
+    # renewal that finds the lease ended meanwhile must not take it for a lease lost to another executor.
+    store = SqliteStore(tmp_path / "runs.db")
+
+    async def step(i: int) -> int:
+        await anyio.sleep(0.001)
+        return i
+
+    kernel = Kernel(store, registry=registry(step=step), lease_ttl_ms=30)  # renewed every 10 ms
+    finals = _many(kernel, _chain(8), 40)
+    assert [getattr(f, "status", f) for f in finals] == ["completed"] * 40
