@@ -83,6 +83,7 @@ COMMAND_POLL_S = 0.05
 # ``services["observability_commit_ms"]`` sets it for a kernel (0: commit every event at once).
 OBSERVABILITY_COMMIT_MS = 50
 PAUSE_GRACE_S = 30.0
+BUDGET_POLL_S = 1.0  # how often a run with a budget looks at what its running child runs spent
 YIELD_EVERY_S = 0.01
 
 
@@ -114,7 +115,12 @@ class _Wake:
     """Nothing to apply: makes the loop look at its state again."""
 
 
-_Message = BaseEvent | _Durable | _Incoming | _Finished | _Wake
+@dataclass(slots=True)
+class _CostCheck:
+    """Look at what the run's child runs have spent so far (``_watch_children``)."""
+
+
+_Message = BaseEvent | _Durable | _Incoming | _Finished | _Wake | _CostCheck
 
 
 class RunExecution:
@@ -273,6 +279,8 @@ class RunExecution:
                 self._tg = tg
                 for task in background or []:
                     tg.start_soon(task, self)
+                if self._children_count and run_limit(self.flow, self.snap) is not None:
+                    tg.start_soon(self._watch_children)
                 for draft in first:
                     self._append(draft)
                 self._dirty |= set(self.flow.nodes)
@@ -372,6 +380,8 @@ class RunExecution:
             self._waiters.append(msg)
         elif isinstance(msg, _Incoming):
             self._handle_command(msg)
+        elif isinstance(msg, _CostCheck):
+            self._check_budget(None)
         elif isinstance(msg, _Finished):
             self._active.pop((msg.node_id, msg.item), None)
             if msg.pause is not None and self.snap.status == "running" and not self._draining:
@@ -449,6 +459,18 @@ class RunExecution:
         if paused is not None:
             paused.cause = self.snap.seq
             self._pause_now(paused)
+
+    async def _watch_children(self) -> None:
+        """While a child run executes, its model calls are in its own log: look at what the run's
+        children have spent every ``budget_poll_s`` (default 1 s), so that the run pauses (and its
+        children with it, at their next turn boundary) soon after they spend its budget, not only
+        when a child finishes."""
+        interval = float(self._services.get("budget_poll_s", BUDGET_POLL_S))
+        calls = {n for n, node in self.flow.nodes.items() if node.type == "flow.call"}
+        while True:
+            await anyio.sleep(interval)
+            if self.snap.status == "running" and any(self.snap.nodeStatus.get(n) == "running" for n in calls):
+                self._put(_CostCheck())
 
     def _append(self, draft: BaseEvent) -> BaseEvent:
         """Stamp, normalise (JSON round trip), apply and buffer one event."""

@@ -13,17 +13,19 @@ import json
 import shlex
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 from flowkernel.commands import Command, judge_command
 from flowkernel.errors import CommandRejectedError
 from flowkernel.events import AgentTool, AgentUsage, FlowPaused, FlowResumed, NodeStart
 from flowkernel.reducer import fold
 from flowkernel.testing.audit import audit_run
-from flowkernel.testing.fake_api import FakeAnthropic, Text, ToolUse, reply
+from flowkernel.testing.fake_api import FakeAnthropic, Text, ToolUse, held, reply
 
 from tests.claude_support import make_kernel, sent, stored_conversation
 
@@ -162,6 +164,44 @@ async def test_a_child_run_that_spends_the_parents_budget_pauses_the_parent_befo
     assert final.status == "completed" and final.outputs["after"] == "child answer"
     assert fake.request_count == 1
     audit_run(kernel.store, paused.runId)
+
+
+async def test_a_child_still_running_that_spends_the_parents_budget_pauses_both_at_the_childs_turn_boundary(
+        tmp_path: Path, fake: FakeAnthropic) -> None:
+    gate = threading.Event()  # never set: the child's third call is in flight when the pause comes
+    fake.script(reply(ToolUse("echo", {"text": "one"}, id="tu_1"), **CALL),
+                reply(ToolUse("echo", {"text": "two"}, id="tu_2"), **CALL),
+                held(reply(Text("unused"), **CALL), release=gate),
+                reply(Text("done"), **CALL))
+    (tmp_path / "child.json").write_text(json.dumps({"name": "child", "nodes": [echo_agent()]}))
+    (tmp_path / "parent.json").write_text(json.dumps({
+        "name": "parent", "budget": {"maxCostUsd": 0.5},
+        "nodes": [{"id": "call", "type": "flow.call", "input": {"flow": "child.json"}}]}))
+    kernel = make_kernel(tmp_path, fake, budget_poll_s=0.05)
+    kernel.registry.add_tool("echo", lambda text: text)
+
+    with anyio.fail_after(60):
+        paused = await kernel.run(kernel.load_flow(tmp_path / "parent.json"), {})
+
+    # the parent saw its child's $0.60 while the child ran, and paused; the child stopped with it, its
+    # third call (in flight) cancelled and not stored
+    (child,) = kernel.runs(parent=paused.runId)
+    assert paused.status == "paused" and child.status == "paused"
+    pause = next(e for e in kernel.events(paused.runId) if isinstance(e, FlowPaused))
+    assert (pause.reason, pause.nodeId, pause.costUsd, pause.limitUsd) == ("budget", None, 0.6, 0.5)
+    session = kernel.snapshot(child.runId).agentSessions["agent"]
+    third = sent(fake.requests[2].body)["messages"]
+    assert stored_conversation(kernel, session) == third
+
+    final = await kernel.resume(paused.runId, "go on", budget=2)
+
+    assert final.status == "completed" and final.outputs["call"]["agent"]["text"] == "done"
+    fourth = sent(fake.requests[3].body)["messages"]
+    assert fourth[:len(third)] == third and len(fourth) == len(third) + 1  # the stored conversation, then "go on"
+    assert stored_conversation(kernel, session)[-1] == {"role": "assistant", "content": [{"type": "text",
+                                                                                          "text": "done"}]}
+    audit_run(kernel.store, paused.runId)
+    audit_run(kernel.store, child.runId)
 
 
 async def test_a_child_paused_by_its_own_budget_pauses_the_parent_and_resume_budget_on_the_parent_raises_it(
