@@ -8,7 +8,7 @@ import msgspec
 from flowkernel.errors import NodeFailure
 from flowkernel.events import BaseEvent, InboxConsumed, StatePatch, encoder
 from flowkernel.snapshot import InboxMessage, RunSnapshot
-from flowkernel.state_ops import OPS, apply_patch
+from flowkernel.state_ops import OPS, apply_patch, apply_patches
 
 if TYPE_CHECKING:
     from flowkernel.compiler import CompiledFlow
@@ -60,6 +60,8 @@ class NodeContext:
         self.input = input
         self.item = item
         self.resumed_from = resumed_from
+        self._patches: list[tuple[str, str, Any]] = []  # this node run's own, staged until it finishes
+        self._view: tuple[dict[str, Any], dict[str, Any]] | None = None  # (run state, it with our patches)
 
     @property
     def flow(self) -> CompiledFlow:
@@ -97,8 +99,18 @@ class NodeContext:
 
     @property
     def state(self) -> dict[str, Any]:
-        """The run's state as of now (read-only: change it with ``patch_state``)."""
-        return self._shell.current_state()
+        """The run's state as this node run sees it (read-only: change it with ``patch_state``): the
+        run's state now, with this node run's own patches applied. Other node runs see those patches
+        once this one completes."""
+        shared = self._shell.current_state()
+        if not self._patches:
+            return shared
+        view = self._view
+        if view is not None and view[0] is shared:
+            return view[1]
+        own = apply_patches(shared, self._patches)
+        self._view = (shared, own)
+        return own
 
     def emit(self, draft: BaseEvent) -> None:
         """Append an event for this node run; ordered, persisted with the next transition."""
@@ -114,17 +126,24 @@ class NodeContext:
 
     def patch_state(self, op: str, path: str, value: Any) -> dict[str, Any]:
         """Change the run's state (``set``, ``merge`` or ``append`` at a dotted path); returns the
-        state as it will be once the patch is applied."""
+        state as this node run now sees it.
+
+        The patch is stored at once but reaches the run's state when this node run completes (or
+        waits): a node run that fails, is cancelled, or is cut short by a crash or a pause leaves the
+        state as it was, so running it again changes the state once.
+        """
         if op not in OPS:
             raise NodeFailure(f"unknown state op {op!r}; use one of {', '.join(OPS)}", "state_error")
         try:  # here, in the node that asked, rather than later when the event is stored
             encoder.encode(value)
         except (TypeError, ValueError, RecursionError, msgspec.EncodeError) as exc:
             raise NodeFailure(f"state.{path}: the value is not JSON: {exc}", "state_error") from None
-        base = self.state
-        patched = apply_patch(base, op, path, value)  # raises NodeFailure now, not at apply time
+        shared = self._shell.current_state()
+        patched = apply_patch(self.state, op, path, value)  # raises NodeFailure now, not at apply time
+        self._patches.append((op, path, value))
+        self._view = (shared, patched)
         self._shell.submit_patch(StatePatch(op=op, path=path, value=value, nodeId=self.node_id, runId=self.run_id),
-                                 base, patched)
+                                 shared, patched)
         return patched
 
     def inbox(self) -> list[InboxMessage]:

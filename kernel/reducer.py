@@ -40,8 +40,16 @@ from flowkernel.events import (
     NodeWaiting,
     StatePatch,
 )
-from flowkernel.snapshot import BudgetPause, ForEachState, InboxMessage, NodeFault, RunSnapshot, Waiting
-from flowkernel.state_ops import apply_patch
+from flowkernel.snapshot import (
+    BudgetPause,
+    ForEachState,
+    InboxMessage,
+    NodeFault,
+    RunSnapshot,
+    StagedPatch,
+    Waiting,
+)
+from flowkernel.state_ops import apply_patch, apply_patches
 from msgspec.structs import replace
 
 ALL: frozenset[str] = frozenset({"*"})  # "every node may be affected"
@@ -82,7 +90,8 @@ def own(snap: RunSnapshot) -> RunSnapshot:
         snap, outputs=dict(snap.outputs), nodeStatus=dict(snap.nodeStatus), edgeStatus=dict(snap.edgeStatus),
         loopCounters=dict(snap.loopCounters), inbox=dict(snap.inbox), agentSessions=dict(snap.agentSessions),
         nodeRuns=dict(snap.nodeRuns), attempts=dict(snap.attempts), faults=dict(snap.faults),
-        waiting=dict(snap.waiting), resumedFrom=dict(snap.resumedFrom), nodeCostUsd=dict(snap.nodeCostUsd),
+        waiting=dict(snap.waiting), resumedFrom=dict(snap.resumedFrom), staged=dict(snap.staged),
+        nodeCostUsd=dict(snap.nodeCostUsd),
         forEach={n: replace(fe, results=list(fe.results), running=dict(fe.running)) for n, fe in snap.forEach.items()},
     )
 
@@ -118,6 +127,21 @@ def _drop(o: bool, d: dict[str, Any], *keys: str) -> dict[str, Any]:
     if not any(k in d for k in keys):
         return d
     return {k: v for k, v in d.items() if k not in keys}
+
+
+def _land(s: RunSnapshot, run_id: str | None, o: bool) -> RunSnapshot:
+    """The node run finished: its staged patches reach the state."""
+    patches = s.staged.get(run_id or "")
+    if patches is None:
+        return s
+    state = apply_patches(s.state, ((p.op, p.path, p.value) for p in patches))
+    return replace(s, state=state, staged=_drop(o, s.staged, run_id or ""))
+
+
+def _discard(s: RunSnapshot, run_ids: Iterable[str | None], o: bool) -> RunSnapshot:
+    """These node runs will never finish (failed, interrupted, reset): their staged patches go."""
+    gone = [r for r in run_ids if r and r in s.staged]
+    return replace(s, staged=_drop(o, s.staged, *gone)) if gone else s
 
 
 def _node_of_run(snap: RunSnapshot, run_id: str) -> str | None:
@@ -162,6 +186,8 @@ def _item_result(s: RunSnapshot, n: str, item: int, result: dict[str, Any], o: b
 
 def _node_complete(flow: CompiledFlow, s: RunSnapshot, ev: NodeComplete, o: bool) -> tuple[RunSnapshot, frozenset[str]]:
     n = ev.nodeId or ""
+    if s.staged:
+        s = _land(s, ev.runId, o)
     if ev.item is not None:
         s = _item_result(s, n, ev.item, {"output": ev.output}, o)
         return replace(s, seq=ev.seq, inbox=_drop(o, s.inbox, ev.runId or "")), frozenset({n})
@@ -174,6 +200,8 @@ def _node_complete(flow: CompiledFlow, s: RunSnapshot, ev: NodeComplete, o: bool
 
 def _node_error(flow: CompiledFlow, s: RunSnapshot, ev: NodeError, o: bool) -> tuple[RunSnapshot, frozenset[str]]:
     n = ev.nodeId or ""
+    if s.staged:
+        s = _discard(s, [ev.runId], o)  # a failed attempt leaves the state as it found it
     if ev.willRetry:
         return replace(s, seq=ev.seq), frozenset()
     if ev.item is not None:
@@ -196,6 +224,8 @@ def _node_skipped(flow: CompiledFlow, s: RunSnapshot, ev: NodeSkipped, o: bool) 
 
 def _node_waiting(flow: CompiledFlow, s: RunSnapshot, ev: NodeWaiting, o: bool) -> tuple[RunSnapshot, frozenset[str]]:
     n = ev.nodeId or ""
+    if s.staged:
+        s = _land(s, ev.runId, o)  # the wait is where this node run ends; the reply starts another
     w = Waiting(runId=ev.runId or "", prompt=ev.prompt, schema=ev.schema, since=ev.cause or 0)
     return replace(s, seq=ev.seq, nodeStatus=_set(o, s.nodeStatus, n, "waiting"),
                    waiting=_set(o, s.waiting, n, w)), frozenset({n})
@@ -216,6 +246,9 @@ def _edge_skip(flow: CompiledFlow, s: RunSnapshot, ev: EdgeSkip, o: bool) -> tup
 
 def _loop_iterate(flow: CompiledFlow, s: RunSnapshot, ev: LoopIterate, o: bool) -> tuple[RunSnapshot, frozenset[str]]:
     reset = flow.reset_sets[ev.edgeId]
+    if s.staged:  # node runs cancelled by the reset never finish
+        s = _discard(s, [*(s.nodeRuns.get(n) for n in reset),
+                         *(r for n in reset if n in s.forEach for r in s.forEach[n].running.values())], o)
     node_status = dict(s.nodeStatus)
     edge_status = dict(s.edgeStatus)
     for n in reset:
@@ -235,7 +268,13 @@ def _loop_exhausted(flow: CompiledFlow, s: RunSnapshot, ev: LoopExhausted, o: bo
 
 
 def _state_patch(flow: CompiledFlow, s: RunSnapshot, ev: StatePatch, o: bool) -> tuple[RunSnapshot, frozenset[str]]:
-    return replace(s, seq=ev.seq, state=apply_patch(s.state, ev.op, ev.path, ev.value)), frozenset()
+    """A node run's patches are staged until it finishes (``_land``), and dropped if it never does, so a
+    node run that is re-run after a crash, a pause or a failed attempt changes the state once."""
+    run_id = ev.runId
+    if run_id is None:
+        return replace(s, seq=ev.seq, state=apply_patch(s.state, ev.op, ev.path, ev.value)), frozenset()
+    patch = StagedPatch(op=ev.op, path=ev.path, value=ev.value)
+    return replace(s, seq=ev.seq, staged=_set(o, s.staged, run_id, [*s.staged.get(run_id, ()), patch])), frozenset()
 
 
 def _command(flow: CompiledFlow, s: RunSnapshot, ev: CommandReceived, o: bool) -> tuple[RunSnapshot, frozenset[str]]:
@@ -309,9 +348,10 @@ def _flow_resumed(flow: CompiledFlow, s: RunSnapshot, ev: FlowResumed, o: bool) 
     if ev.budgetUsd is not None:
         # The new limit is for what paused the run: a node's, or (paused for anything else) the run's.
         limits = {**limits, budget_key(s): ev.budgetUsd}
-    return replace(s, seq=ev.seq, status="running", error=None, nodeStatus=node_status, resumedFrom=resumed_from,
-                   inbox=inbox, faults=faults, attempts=attempts, forEach=for_each, costLimits=limits,
-                   budgetPause=None), ALL
+    staged = {r: p for r, p in s.staged.items() if r not in interrupted} if s.staged else s.staged
+    return replace(s, seq=ev.seq, status="running", staged=staged, error=None, nodeStatus=node_status,
+                   resumedFrom=resumed_from, inbox=inbox, faults=faults, attempts=attempts, forEach=for_each,
+                   costLimits=limits, budgetPause=None), ALL
 
 
 def _agent_start(flow: CompiledFlow, s: RunSnapshot, ev: AgentStart, o: bool) -> tuple[RunSnapshot, frozenset[str]]:

@@ -111,6 +111,16 @@ class _Finished:
 
 
 @dataclass(slots=True)
+class _View:
+    """The state a node run sees after its patches (``patched``), computed from the run's ``base``."""
+
+    base: dict[str, Any]
+    patched: dict[str, Any]
+    count: int  # patches it has submitted
+    exact: bool  # every one was applied as submitted (no JSON normalisation changed it)
+
+
+@dataclass(slots=True)
 class _Wake:
     """Nothing to apply: makes the loop look at its state again."""
 
@@ -168,7 +178,7 @@ class RunExecution:
         self._reset_at: dict[str, int] = {}  # node -> seq of the loop:iterate that last reset it
         self.stop_reason: str | None = None
         self._tg: TaskGroup | None = None
-        self._patched: dict[int, tuple[StatePatch, dict[str, Any], dict[str, Any]]] = {}  # see submit_patch
+        self._views: dict[str, _View] = {}  # node run id -> the state it sees (see submit_patch)
         self._inline_of: dict[str, bool] = {}  # node -> runs inline (for nodes whose input has no binding)
         # The lease this execution holds: every commit is checked against it (fencing), and the commit
         # that stops the run with no node run left ends it.
@@ -225,9 +235,12 @@ class RunExecution:
         self._put(draft)
 
     def submit_patch(self, draft: StatePatch, base: dict[str, Any], patched: dict[str, Any]) -> None:
-        """A state patch, and the state it gives when applied to ``base`` (the node computed it already):
-        applied while the state is still ``base``, the shell takes that instead of patching again."""
-        self._patched[id(draft)] = (draft, base, patched)
+        """A state patch, and the state its node run sees after it (``patched``, computed from the run's
+        state ``base``): if the node run finishes while the run's state is still ``base``, the shell
+        takes that state instead of applying the staged patches again."""
+        run_id = draft.runId or ""
+        view = self._views.get(run_id)
+        self._views[run_id] = _View(base, patched, (view.count if view else 0) + 1, view is None or view.exact)
         self._put(draft)
 
     async def submit_durable(self, draft: BaseEvent) -> None:
@@ -497,12 +510,10 @@ class RunExecution:
             raise
         if self._agents is not None and type(event) in FOLDED:
             self._agents.apply(snap, event)  # before the reducer, which changes ``snap`` in place
-        done = self._patched.pop(id(draft), None) if self._patched else None
+        if self._views:
+            snap = self._landed(snap, draft, event)
         try:
-            if done is not None and done[0] is event and done[1] is snap.state:
-                self.snap, touched = replace(snap, seq=event.seq, state=done[2]), _NOTHING  # = apply's
-            else:
-                self.snap, touched = apply(self.flow, snap, event, owned=True)
+            self.snap, touched = apply(self.flow, snap, event, owned=True)
         except NodeFailure as exc:
             if isinstance(event, StatePatch):
                 print(f"flowkernel: dropped state patch from {event.nodeId}: {exc}", file=sys.stderr)
@@ -536,6 +547,25 @@ class RunExecution:
         packer.remember(value, packed)
         setattr(event, field, value)
         return PACKED_PREFIX + skeleton[1:], event
+
+    def _landed(self, snap: RunSnapshot, draft: BaseEvent, event: BaseEvent) -> RunSnapshot:
+        """``snap`` with the staged patches of the node run that ``event`` finishes already in its
+        state, when the node computed that state itself (equal to what the reducer would make)."""
+        if isinstance(event, StatePatch):
+            view = self._views.get(event.runId or "")
+            if view is not None and event is not draft and event.value != getattr(draft, "value", None):
+                view.exact = False  # the JSON round trip changed the value: the node's view is not the log's
+            return snap
+        if not isinstance(event, NodeComplete | NodeWaiting | NodeError):
+            return snap
+        view = self._views.pop(event.runId or "", None)
+        if view is None or not view.exact or isinstance(event, NodeError) or view.base is not snap.state:
+            return snap
+        staged = snap.staged.get(event.runId or "")
+        if staged is None or len(staged) != view.count:
+            return snap
+        del snap.staged[event.runId or ""]  # owned: see __init__
+        return replace(snap, state=view.patched)
 
     # What the shell keeps track of besides the snapshot: node runs in flight, and the last event of
     # each kind of decision (what ``cause`` points at).
@@ -731,7 +761,6 @@ class RunExecution:
             self._bytes_since_checkpoint = 0
         else:
             blobs = self._packer.take_blobs() if self._packer.blobs else None  # those of packed events
-        self._patched.clear()  # patches that never reached _append (dropped as stale)
         rows, applied, waiters = self._rows, self._applied, self._waiters
         self._rows, self._applied, self._waiters = [], [], []
         # Nothing can follow a stop with no node run in flight: that commit ends the lease too.
@@ -918,7 +947,6 @@ def _large(value: Any, depth: int = 0) -> bool:
             if type(v) in _WHOLE and _large(v, depth + 1):
                 return True
     return False
-_NOTHING: frozenset[str] = frozenset()
 
 
 TRACEBACK_FRAMES = 30  # the innermost ones: where the code that failed was

@@ -42,6 +42,14 @@ class BudgetPause(msgspec.Struct, kw_only=True, omit_defaults=True):
     limitUsd: float = 0.0
 
 
+class StagedPatch(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """A ``state:patch`` of a node run that has not finished: it reaches ``state`` when the run does."""
+
+    op: str
+    path: str
+    value: Any = None
+
+
 class RunSnapshot(msgspec.Struct, kw_only=True):
     runId: str
     status: str  # running | paused | waiting | completed | failed | aborted
@@ -61,6 +69,7 @@ class RunSnapshot(msgspec.Struct, kw_only=True):
     waiting: dict[str, Waiting] = msgspec.field(default_factory=dict)  # node id -> what it waits for
     forEach: dict[str, ForEachState] = msgspec.field(default_factory=dict)
     resumedFrom: dict[str, str] = msgspec.field(default_factory=dict)  # node id -> interrupted run
+    staged: dict[str, list[StagedPatch]] = msgspec.field(default_factory=dict)  # node run id -> its patches
     error: str | None = None
     parentRunId: str | None = None
     parentNodeRunId: str | None = None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from functools import lru_cache
 from typing import Any
 
@@ -40,6 +41,17 @@ def apply_patch(state: dict[str, Any], op: str, path: str, value: Any) -> dict[s
             return {**state, **value}
         raise NodeFailure("append needs a path to a list", "state_error")
     return _patch(state, keys, op, value, path)
+
+
+def apply_patches(state: dict[str, Any], patches: Iterable[tuple[str, str, Any]]) -> dict[str, Any]:
+    """``state`` with ``(op, path, value)`` patches applied in order; one that does not apply (another
+    node run changed the type at its path meanwhile) is left out, so this never fails."""
+    for op, path, value in patches:
+        try:
+            state = apply_patch(state, op, path, value)
+        except NodeFailure:
+            continue
+    return state
 
 
 def _patch(node: dict[str, Any], keys: tuple[str, ...], op: str, value: Any, path: str,

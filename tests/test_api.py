@@ -87,7 +87,8 @@ def test_several_state_patches_from_one_node_run_all_land_in_order(tmp_path: Pat
     compiled = kernel.compile(flow([py("a", "work", {"tag": "a"}), py("b", "work", {"tag": "b"})],
                                    [{"from": "a", "to": "b"}], state={"initial": {"log": ["start"]}}))
     snap = anyio.run(kernel.run, compiled, None)
-    assert snap.state == {"log": ["start", "a-1", "a-2", "b-1", "b-2"], "count": 5, "meta": {"a": True, "b": True}}
+    # ctx.state includes the node run's own patches: b counts start, a-1, a-2, b-1 and b-2
+    assert snap.state == {"log": ["start", "a-1", "a-2", "b-1", "b-2"], "count": 7, "meta": {"a": True, "b": True}}
     assert seen[0] == {"log": ["start", "a-1"]}  # what patch_state returns: the state with that patch applied
     assert kernel.snapshot(snap.runId) == snap  # stored checkpoint and log agree with the live snapshot
 
@@ -99,8 +100,8 @@ def test_a_snapshot_repr_is_whole_for_a_small_run_and_abbreviated_for_a_large_on
         f"input={{}}, outputs={{'a': 1, 'b': 2}}, state={{}}, nodeStatus={{'a': 'done', 'b': 'done'}}, "
         f"edgeStatus={{'a->b': 'fired'}}, loopCounters={{}}, inbox={{}}, agentSessions={{}}, "
         f"nodeRuns={small.nodeRuns!r}, attempts={{'a': 1, 'b': 1}}, faults={{}}, waiting={{}}, forEach={{}}, "
-        f"resumedFrom={{}}, error=None, parentRunId=None, parentNodeRunId=None, usage={{}}, totalCostUsd=0.0, "
-        f"nodeCostUsd={{}}, costLimits={{}}, budgetPause=None)")
+        f"resumedFrom={{}}, staged={{}}, error=None, parentRunId=None, parentNodeRunId=None, usage={{}}, "
+        f"totalCostUsd=0.0, nodeCostUsd={{}}, costLimits={{}}, budgetPause=None)")
     nodes = [t(f"n{i}", str(i)) for i in range(50)]
     _, large, _ = run_flow(flow(nodes, [{"from": f"n{i}", "to": f"n{i + 1}"} for i in range(49)]))
     text = repr(large)

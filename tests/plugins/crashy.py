@@ -55,3 +55,15 @@ async def check_later(value: Any, fail_when: int = 0, yields: int = 1) -> Any:
     for _ in range(yields):
         await anyio.lowlevel.checkpoint()
     return check(value, fail_when)
+
+
+@register_function("crashy.patch_then_work")
+async def patch_then_work(path: str, value: Any, ctx: NodeContext) -> Any:
+    """Patches the state, then goes on working until that patch is committed (a node whose patch is
+    stored while it still runs: a crash then leaves the patch of an unfinished node run behind)."""
+    ctx.patch_state("append", path, value)
+    with anyio.fail_after(10):
+        while not any(b'"state:patch"' in body and ctx.run_id.encode() in body
+                      for body in ctx.store.read_events(ctx.flow_run_id)):
+            await anyio.sleep(0.002)
+    return value
