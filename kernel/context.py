@@ -62,6 +62,7 @@ class NodeContext:
         self.resumed_from = resumed_from
         self._patches: list[tuple[str, str, Any]] = []  # this node run's own, staged until it finishes
         self._view: tuple[dict[str, Any], dict[str, Any]] | None = None  # (run state, it with our patches)
+        self._cooperative: bool | None = None
 
     @property
     def flow(self) -> CompiledFlow:
@@ -128,9 +129,11 @@ class NodeContext:
         """Change the run's state (``set``, ``merge`` or ``append`` at a dotted path); returns the
         state as this node run now sees it.
 
-        The patch is stored at once but reaches the run's state when this node run completes (or
-        waits): a node run that fails, is cancelled, or is cut short by a crash or a pause leaves the
-        state as it was, so running it again changes the state once.
+        The patch is stored at once. For most node types it reaches the run's state when this node
+        run completes (or waits): a node run that fails, is cancelled, or is cut short by a crash or a
+        pause leaves the state as it was, so running it again changes the state once. A node type with
+        ``cooperative_pause`` continues from its own progress after an interruption, so its patches
+        apply at once.
         """
         if op not in OPS:
             raise NodeFailure(f"unknown state op {op!r}; use one of {', '.join(OPS)}", "state_error")
@@ -140,11 +143,24 @@ class NodeContext:
             raise NodeFailure(f"state.{path}: the value is not JSON: {exc}", "state_error") from None
         shared = self._shell.current_state()
         patched = apply_patch(self.state, op, path, value)  # raises NodeFailure now, not at apply time
+        draft = StatePatch(op=op, path=path, value=value, nodeId=self.node_id, runId=self.run_id)
+        if self._continues_from_progress():
+            self._shell.submit(draft)
+            return patched
+        draft.staged = True
         self._patches.append((op, path, value))
         self._view = (shared, patched)
-        self._shell.submit_patch(StatePatch(op=op, path=path, value=value, nodeId=self.node_id, runId=self.run_id),
-                                 shared, patched)
+        self._shell.submit_patch(draft, shared, patched)
         return patched
+
+    def _continues_from_progress(self) -> bool:
+        """A node type that pauses cooperatively stops at its own step boundaries and continues from
+        the progress it stored (its patches are that progress): they apply at once. Every other node
+        type runs again from the start after an interruption: its patches wait for it to complete."""
+        if self._cooperative is None:
+            node_type = self.registry.node_types.get(self.flow.nodes[self.node_id].type)
+            self._cooperative = bool(getattr(node_type, "cooperative_pause", False))
+        return self._cooperative
 
     def inbox(self) -> list[InboxMessage]:
         """Messages delivered to this node run and not yet consumed."""

@@ -138,6 +138,9 @@ class StatePatch(BaseEvent, tag="state:patch"):
     op: str
     path: str
     value: Any = None
+    # True: the patch reaches the state when its node run completes (or waits), not before, and not
+    # at all if it never does; the patches of node types that run again from the start are staged.
+    staged: bool = False
 
 
 class CommandReceived(BaseEvent, tag="command:received"):

@@ -268,10 +268,11 @@ def _loop_exhausted(flow: CompiledFlow, s: RunSnapshot, ev: LoopExhausted, o: bo
 
 
 def _state_patch(flow: CompiledFlow, s: RunSnapshot, ev: StatePatch, o: bool) -> tuple[RunSnapshot, frozenset[str]]:
-    """A node run's patches are staged until it finishes (``_land``), and dropped if it never does, so a
-    node run that is re-run after a crash, a pause or a failed attempt changes the state once."""
+    """A staged patch waits for its node run to finish (``_land``) and is dropped if it never does, so
+    a node run that runs again from the start (after a crash, a pause, a failed attempt) changes the
+    state once. Other patches (of node types that continue from their own progress) apply at once."""
     run_id = ev.runId
-    if run_id is None:
+    if not ev.staged or run_id is None:
         return replace(s, seq=ev.seq, state=apply_patch(s.state, ev.op, ev.path, ev.value)), frozenset()
     patch = StagedPatch(op=ev.op, path=ev.path, value=ev.value)
     return replace(s, seq=ev.seq, staged=_set(o, s.staged, run_id, [*s.staged.get(run_id, ()), patch])), frozenset()

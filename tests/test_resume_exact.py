@@ -110,3 +110,27 @@ def test_a_failed_node_run_leaves_the_state_as_it_was() -> None:
     assert snap.nodeStatus["broken"] == "failed"
     assert snap.state == {"flag": False} and snap.outputs["after"] is False
 
+
+def test_patches_of_a_node_type_that_continues_from_its_progress_apply_at_once() -> None:
+    seen: list[Any] = []
+
+    class Stepper:
+        """Cooperative: its patches are its progress (a node run that continues it reads them back)."""
+
+        name = "stepper"
+        cooperative_pause = True
+
+        async def run(self, ctx: Any) -> Any:
+            ctx.patch_state("set", "progress", 1)
+            with anyio.fail_after(10):  # the patch is in the run's state before the node run ends
+                while ctx.services["kernel"].snapshot(ctx.flow_run_id).state.get("progress") != 1:
+                    await anyio.sleep(0.002)
+            seen.append(True)
+            return "done"
+
+    reg = registry()
+    reg.add_node_type(Stepper)
+    _, snap, events = run_flow({"name": "steps", "nodes": [{"id": "s", "type": "stepper", "input": {}}]}, reg=reg)
+    patch = next(e for e in events if isinstance(e, StatePatch))
+    assert patch.staged is False and seen == [True]
+    assert snap.state == {"progress": 1} and snap.staged == {}
