@@ -166,10 +166,11 @@ class NodeContext:
         """Messages delivered to this node run and not yet consumed."""
         return list(self._shell.current_inbox(self.run_id))
 
-    async def consume_inbox(self, count: int) -> None:
-        """Mark the first ``count`` inbox messages as taken, durably, so none is delivered twice."""
+    async def consume_inbox(self, count: int, step: int | None = None) -> None:
+        """Mark the first ``count`` inbox messages as taken, durably, so none is delivered twice;
+        ``step`` says where the node stored them (a node run that continues this one reads it back)."""
         if count > 0:
-            await self.emit_durable(InboxConsumed(count=count))
+            await self.emit_durable(InboxConsumed(count=count, step=step))
 
     def pause_requested(self) -> bool:
         """True once the run is asked to pause: a node may finish its current step and return."""

@@ -92,7 +92,8 @@ def own(snap: RunSnapshot) -> RunSnapshot:
         nodeRuns=dict(snap.nodeRuns), attempts=dict(snap.attempts), faults=dict(snap.faults),
         waiting=dict(snap.waiting), resumedFrom=dict(snap.resumedFrom), staged=dict(snap.staged),
         nodeCostUsd=dict(snap.nodeCostUsd),
-        forEach={n: replace(fe, results=list(fe.results), running=dict(fe.running)) for n, fe in snap.forEach.items()},
+        forEach={n: replace(fe, results=list(fe.results), running=dict(fe.running), resumedFrom=dict(fe.resumedFrom))
+                 for n, fe in snap.forEach.items()},
     )
 
 
@@ -157,13 +158,15 @@ def _node_of_run(snap: RunSnapshot, run_id: str) -> str | None:
 def _node_start(flow: CompiledFlow, s: RunSnapshot, ev: NodeStart, o: bool) -> tuple[RunSnapshot, frozenset[str]]:
     n = ev.nodeId or ""
     run_id = ev.runId or ""
-    if ev.item is not None:
-        fe = s.forEach[n]
-        fe = replace(fe, running=_set(o, fe.running, str(ev.item), run_id))
-        return replace(s, seq=ev.seq, forEach=_set(o, s.forEach, n, fe)), frozenset({n})
     inbox = s.inbox
     if ev.resumedFrom is not None and ev.resumedFrom in inbox:
+        # What was sent to the node run this one continues (the resume message, say) is for this one now.
         inbox = _drop(o, _set(o, inbox, run_id, [*inbox.get(run_id, []), *inbox[ev.resumedFrom]]), ev.resumedFrom)
+    if ev.item is not None:
+        fe = s.forEach[n]
+        fe = replace(fe, running=_set(o, fe.running, str(ev.item), run_id),
+                     resumedFrom=_drop(o, fe.resumedFrom, str(ev.item)))
+        return replace(s, seq=ev.seq, forEach=_set(o, s.forEach, n, fe), inbox=inbox), frozenset({n})
     # A plain node that starts changes no other node's prospects; a forEach group must start its items.
     return replace(
         s, seq=ev.seq, nodeStatus=_set(o, s.nodeStatus, n, "running"), nodeRuns=_set(o, s.nodeRuns, n, run_id),
@@ -172,15 +175,21 @@ def _node_start(flow: CompiledFlow, s: RunSnapshot, ev: NodeStart, o: bool) -> t
     ), frozenset({n}) if n in s.forEach else _NONE
 
 
-def _item_result(s: RunSnapshot, n: str, item: int, result: dict[str, Any], o: bool) -> RunSnapshot:
+def _item_result(s: RunSnapshot, n: str, item: int, result: dict[str, Any], o: bool,
+                 failed_run: str | None = None) -> RunSnapshot:
     fe = s.forEach[n]
     if o:  # the shell's own snapshot: one slot changes, not a copy of 20,000
         fe.results[item] = {"item": fe.items[item], **result}
         fe.running.pop(str(item), None)
+        if failed_run is not None:  # a retry of the item continues this node run
+            fe.resumedFrom[str(item)] = failed_run
         return s
     results = list(fe.results)
     results[item] = {"item": fe.items[item], **result}
-    fe = ForEachState(items=fe.items, results=results, running=_drop(o, fe.running, str(item)))
+    resumed = fe.resumedFrom
+    if failed_run is not None:  # a retry of the item continues this node run
+        resumed = _set(o, resumed, str(item), failed_run)
+    fe = ForEachState(items=fe.items, results=results, running=_drop(o, fe.running, str(item)), resumedFrom=resumed)
     return replace(s, forEach=_set(o, s.forEach, n, fe))
 
 
@@ -205,7 +214,7 @@ def _node_error(flow: CompiledFlow, s: RunSnapshot, ev: NodeError, o: bool) -> t
     if ev.willRetry:
         return replace(s, seq=ev.seq), frozenset()
     if ev.item is not None:
-        s = _item_result(s, n, ev.item, {"error": ev.message}, o)
+        s = _item_result(s, n, ev.item, {"error": ev.message}, o, failed_run=ev.runId)
         return replace(s, seq=ev.seq, inbox=_drop(o, s.inbox, ev.runId or "")), frozenset({n})
     fault = NodeFault(errorType=ev.errorType, message=ev.message, runId=ev.runId, details=ev.details)
     return replace(
@@ -310,8 +319,10 @@ def _flow_complete(flow: CompiledFlow, s: RunSnapshot, ev: FlowComplete, o: bool
 
 
 def _flow_resumed(flow: CompiledFlow, s: RunSnapshot, ev: FlowResumed, o: bool) -> tuple[RunSnapshot, frozenset[str]]:
-    """Node runs that were running when the run stopped are interrupted: they start again, and the
-    resume message goes to each of them. With ``retry``, failed nodes start again too."""
+    """Node runs that were running when the run stopped are interrupted: they start again, each new
+    node run continuing the one it replaces (``resumedFrom``), and the resume message goes to each.
+    With ``retry``, failed nodes and failed forEach items start again too, continuing their failed node
+    runs, and the message goes to them as well."""
     node_status = dict(s.nodeStatus)
     resumed_from = dict(s.resumedFrom)
     inbox = dict(s.inbox)
@@ -319,12 +330,14 @@ def _flow_resumed(flow: CompiledFlow, s: RunSnapshot, ev: FlowResumed, o: bool) 
     attempts = dict(s.attempts)
     for_each = dict(s.forEach)
     interrupted: list[str] = []
+    retried: list[str] = []
     for n, st in s.nodeStatus.items():
         if st == "running":
             fe = for_each.get(n)
             if fe is not None and fe.running:
                 interrupted.extend(fe.running.values())
-                for_each[n] = ForEachState(items=fe.items, results=fe.results)
+                for_each[n] = ForEachState(items=fe.items, results=fe.results,
+                                           resumedFrom={**fe.resumedFrom, **fe.running})
             if n in s.nodeRuns and (fe is None):
                 interrupted.append(s.nodeRuns[n])
                 resumed_from[n] = s.nodeRuns[n]
@@ -335,15 +348,20 @@ def _flow_resumed(flow: CompiledFlow, s: RunSnapshot, ev: FlowResumed, o: bool) 
             attempts.pop(n, None)
             if n in s.nodeRuns:
                 resumed_from[n] = s.nodeRuns[n]
+                if n not in for_each:
+                    retried.append(s.nodeRuns[n])
         if ev.retry and n in for_each:
             fe = for_each[n]
-            if any(isinstance(r, dict) and "error" in r for r in fe.results):
-                results = [None if isinstance(r, dict) and "error" in r else r for r in fe.results]
-                for_each[n] = ForEachState(items=fe.items, results=results)
+            failed = [i for i, r in enumerate(fe.results) if isinstance(r, dict) and "error" in r]
+            if failed:
+                results = [None if i in failed else r for i, r in enumerate(fe.results)]
+                for_each[n] = ForEachState(items=fe.items, results=results, running=fe.running,
+                                           resumedFrom=fe.resumedFrom)
+                retried.extend(fe.resumedFrom[str(i)] for i in failed if str(i) in fe.resumedFrom)
                 if node_status[n] == "failed":
                     node_status[n] = "running"
     if ev.message is not None:
-        for run_id in interrupted:
+        for run_id in (*interrupted, *retried):
             inbox[run_id] = [*inbox.get(run_id, []), InboxMessage(kind="resume", content=ev.message, seq=ev.seq)]
     limits = s.costLimits
     if ev.budgetUsd is not None:

@@ -343,7 +343,7 @@ def _advance_for_each(flow: CompiledFlow, snap: RunSnapshot, node: CompiledNode,
             decision.drafts.append(NodeStart(nodeId=n, item=i, input=None))
             decision.drafts.append(NodeError(nodeId=n, item=i, errorType="binding_error", message=str(exc)))
             continue
-        decision.drafts.append(NodeStart(nodeId=n, item=i, input=value))
+        decision.drafts.append(NodeStart(nodeId=n, item=i, input=value, resumedFrom=fe.resumedFrom.get(str(i))))
         taken += 1
     return taken
 

@@ -18,6 +18,8 @@ class ForEachState(msgspec.Struct, kw_only=True, omit_defaults=True):
     items: list[Any]
     results: list[Any]  # one slot per item: None until it finishes
     running: dict[str, str] = msgspec.field(default_factory=dict)  # str(item index) -> node run id
+    # str(item index) -> the node run a new run of that item continues (it was interrupted or failed)
+    resumedFrom: dict[str, str] = msgspec.field(default_factory=dict)
 
 
 class NodeFault(msgspec.Struct, kw_only=True, omit_defaults=True):

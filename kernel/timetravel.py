@@ -29,9 +29,11 @@ from flowkernel.events import (
     AgentTool,
     BaseEvent,
     CommandReceived,
+    EdgeFire,
     Event,
     FlowResumed,
     FlowStart,
+    LoopIterate,
     NodeComplete,
     NodeError,
     NodeStart,
@@ -246,7 +248,12 @@ def create_fork(kernel: Kernel, run_id: str, at: int, *, input: dict[str, Any] |
     kernel.check_seq(run_id, at)
     record = kernel.store.get_run(run_id)
     flow = kernel.flow_of(run_id)
-    events = kernel.events(run_id, until=at)
+    events = kernel.events(run_id, until=at + 1)
+    if len(events) > at and _loop_fire(flow, events[at - 1]) and isinstance(events[at], LoopIterate):
+        # A loop edge's edge:fire and its loop:iterate are one transition (committed together): a
+        # fork between them would have a fired loop edge that never resets its loop.
+        at += 1
+    events = events[:at]
     value = record.input
     if input:
         if not isinstance(value, dict):
@@ -280,6 +287,10 @@ def create_fork(kernel: Kernel, run_id: str, at: int, *, input: dict[str, Any] |
     _copy_conversations(kernel, run_id, fork_id, finished, cutoff, {e.runId for e in copied
                                                                     if isinstance(e, AgentStart) and e.runId})
     return fork_id
+
+
+def _loop_fire(flow: CompiledFlow, ev: Event) -> bool:
+    return isinstance(ev, EdgeFire) and ev.edgeId in flow.edges and flow.edges[ev.edgeId].is_loop
 
 
 def _copy_conversations(kernel: Kernel, run_id: str, fork_id: str, finished: set[str], cutoff: int,

@@ -28,6 +28,10 @@ import pydantic
 from flowkernel.errors import InvalidInputError
 
 ASK_HUMAN = "ask_human"
+# The result of a tool call that a crash or a pause cut short: stored with status ``error``, and what
+# the model is told (the call is not run again: a tool may have done half of something).
+INTERRUPTED_RESULT = ("the tool call was interrupted (a crash, a pause or a new pass of the node) before it "
+                      "finished; it was not run again")
 
 ASK_HUMAN_DEFINITION: dict[str, Any] = {
     "name": ASK_HUMAN,

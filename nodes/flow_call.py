@@ -71,6 +71,7 @@ class FlowCallNode:
             raise NodeFailure(f"flow.call {target}: {exc}", "invalid_flow") from None
 
         child_id = self._adopt(kernel, ctx) if ctx.resumed_from else None
+        adopted = child_id is not None
         if child_id is None:
             try:
                 child_id = kernel.create_run(child_flow, data.get("input") or {}, parent_run_id=ctx.flow_run_id,
@@ -78,7 +79,7 @@ class FlowCallNode:
             except FlowkernelError as exc:
                 raise NodeFailure(f"flow.call {target}: {exc}", "invalid_input") from None
         try:
-            snap = await self._drive(kernel, ctx, child_id)
+            snap = await self._drive(kernel, ctx, child_id, adopted)
         except anyio.get_cancelled_exc_class():
             if ctx.stop_reason == "abort":
                 with anyio.CancelScope(shield=True):
@@ -95,10 +96,11 @@ class FlowCallNode:
             return WaitFor(prompt={"childRunId": child_id, "waiting": waits})
         raise NodeFailure(f"child run {child_id} ({target}) {snap.status}: {snap.error}", "child_" + snap.status)
 
-    async def _drive(self, kernel: Kernel, ctx: NodeContext, child_id: str) -> Any:
+    async def _drive(self, kernel: Kernel, ctx: NodeContext, child_id: str, adopted: bool) -> Any:
         from flowkernel.commands import Command
 
         record = kernel.store.get_run(child_id)
+        resume_message = next((m.content for m in ctx.inbox() if m.kind == "resume"), None)
         result: list[Any] = []
         async with anyio.create_task_group() as tg:
             async def cascade_pause() -> None:
@@ -110,10 +112,14 @@ class FlowCallNode:
 
             tg.start_soon(cascade_pause)
             if record.status == "paused" and ctx.resumed_from:
-                message = next((m.content for m in ctx.inbox() if m.kind == "resume"), "continue")
-                result.append(await kernel.resume(child_id, message, budget=_budget_for(kernel, ctx, child_id)))
+                result.append(await kernel.resume(child_id, resume_message or "continue",
+                                                  budget=_budget_for(kernel, ctx, child_id)))
             elif record.status == "failed" and ctx.resumed_from:
                 result.append(await kernel.retry(child_id))
+            elif record.status == "running" and adopted:
+                # Its executor (this node's interrupted run, in a process that died) left it running:
+                # it is resumed like any interrupted run, with the parent's resume message.
+                result.append(await kernel.resume(child_id, resume_message))
             elif record.status in ("running", "waiting"):
                 result.append(await kernel.execute(child_id, before=_continue_waiting))
             else:

@@ -33,8 +33,12 @@ class HumanInputNode:
 
     async def run(self, ctx: NodeContext) -> Any:
         data = ctx.input if isinstance(ctx.input, dict) else {}
-        for message in ctx.inbox():
+        inbox = ctx.inbox()
+        for message in inbox:
             if message.kind in ("reply", "send"):
                 return message.content
+        # Only resume messages (a resume that restarted this node): they ask nothing of a person, and
+        # left in the inbox they would wait there as if they were an answer.
+        await ctx.consume_inbox(len(inbox))
         schema = data.get("schema")
         return WaitFor(prompt=data.get("prompt"), schema=schema if isinstance(schema, dict) else None)

@@ -19,7 +19,7 @@ EXAMPLES = ROOT / "flows"
 FIXTURES = ROOT / "fixtures"
 
 
-def env(*plugins: str, crash: str | None = None) -> dict[str, str]:
+def env(*plugins: str, crash: str | None = None, extra: dict[str, str] | None = None) -> dict[str, str]:
     """The environment of a CLI subprocess: the repository importable, the crash plugin loaded."""
     out = dict(os.environ)
     out["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), out.get("PYTHONPATH", "")) if p)
@@ -30,14 +30,16 @@ def env(*plugins: str, crash: str | None = None) -> dict[str, str]:
         out.pop(key, None)
     if crash:
         out["FLOWKERNEL_CRASH"] = crash
+    out.update(extra or {})
     return out
 
 
 def flowkernel(db: Path, *args: str, plugins: tuple[str, ...] = (), crash: str | None = None,
-               timeout: float = 60) -> subprocess.CompletedProcess[str]:
+               extra_env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     """One ``flowkernel`` command on ``db``; with ``crash``, it SIGKILLs itself there."""
     return subprocess.run([sys.executable, "-m", "flowkernel.cli", *args, "--db", str(db)], cwd=ROOT,
-                          env=env(*plugins, crash=crash), capture_output=True, text=True, timeout=timeout)
+                          env=env(*plugins, crash=crash, extra=extra_env), capture_output=True, text=True,
+                          timeout=timeout)
 
 
 def write_flow(tmp_path: Path, document: dict[str, Any]) -> Path:
@@ -64,3 +66,28 @@ def conversation(kernel: Kernel, run_id: str, node_id: str) -> list[dict[str, An
 
 def events(kernel: Kernel, run_id: str) -> list[Event]:
     return kernel.events(run_id)
+
+
+VOLATILE_KEYS = frozenset({"sessionId", "usage", "totalCostUsd", "modelUsage", "durationMs"})
+
+
+def normalized(value: Any) -> Any:
+    """``value`` without what differs between two executions of the same work: session ids, usage,
+    cost and durations (a model call made again after a crash is paid again)."""
+    if isinstance(value, dict):
+        return {k: normalized(v) for k, v in value.items() if k not in VOLATILE_KEYS}
+    if isinstance(value, list):
+        return [normalized(v) for v in value]
+    return value
+
+
+def conversations(kernel: Kernel, run_id: str, *, without: frozenset[str] = frozenset()) -> dict[str, list[Any]]:
+    """Each agent session of a run: its stored messages (role, content), keyed by session id with the
+    run's id taken out; ``without``: texts (resume messages) taken out of user turns."""
+    from flowkernel.fixtures.compare import without_texts
+
+    out: dict[str, list[Any]] = {}
+    for r in kernel.store.list_agent_messages(flow_run_id=run_id, limit=100_000):
+        key = str(r["sessionId"]).replace(run_id.removeprefix("run_"), "*")
+        out.setdefault(key, []).append({"role": r["role"], "content": r["content"]})
+    return {k: without_texts({"messages": v}, set(without))["messages"] for k, v in out.items()}

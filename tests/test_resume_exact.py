@@ -10,14 +10,27 @@ the same child run carried on.
 
 from __future__ import annotations
 
+import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import anyio
+import pytest
 from flowkernel.api import Kernel
-from flowkernel.events import StatePatch
+from flowkernel.events import AgentTool, StatePatch
+from flowkernel.tools import INTERRUPTED_RESULT
 
-from tests.crash_support import KILLED, flowkernel, only_run, write_flow
+from tests.crash_support import (
+    EXAMPLES,
+    FIXTURES,
+    KILLED,
+    conversations,
+    flowkernel,
+    normalized,
+    only_run,
+    write_flow,
+)
 from tests.helpers import py, registry, run_flow
 
 CRASHY = ("tests.plugins.crashy",)
@@ -134,3 +147,175 @@ def test_patches_of_a_node_type_that_continues_from_its_progress_apply_at_once()
     patch = next(e for e in events if isinstance(e, StatePatch))
     assert patch.staged is False and seen == [True]
     assert snap.state == {"progress": 1} and snap.staged == {}
+
+
+# -- agents ---------------------------------------------------------------------------------------
+
+RESEARCH = ("flowkernel.examples.research_tools",)
+AGENT_FLOWS: dict[str, tuple[list[str], tuple[str, ...]]] = {
+    "review-loop": (["--input", "feature=CSV export"], ()),
+    "fanout": ([], ()),
+    "research": (["--input", "question=Which database should our desktop app use?"], RESEARCH),
+    "subflow": (["--input", "topic=durable workflows"], ()),
+}
+RESEARCH_REPLY = "Mostly record transactions."
+
+
+@dataclass
+class Finished:
+    outputs: Any
+    conversations: dict[str, list[Any]]
+    tool_calls: list[dict[str, Any]]
+    events: list[Any]
+
+
+def finished(db: Path, run_id: str) -> Finished:
+    kernel = Kernel(str(db))
+    try:
+        snap = kernel.snapshot(run_id)
+        assert snap.status == "completed", (snap.status, snap.error)
+        talks = conversations(kernel, run_id, without=frozenset({"continue"}))
+        for child in kernel.runs(parent=run_id):  # a sub-flow's agents are in its own run
+            talks |= {f"{child.flowName}/{k}": v for k, v in
+                      conversations(kernel, child.runId, without=frozenset({"continue"})).items()}
+        return Finished(outputs=normalized(snap.outputs), conversations=talks,
+                        tool_calls=kernel.store.list_tool_calls(flow_run_id=run_id, limit=10_000),
+                        events=kernel.events(run_id))
+    finally:
+        kernel.close()
+
+
+def start(db: Path, name: str, crash: str | None = None) -> subprocess.CompletedProcess[str]:
+    inputs, plugins = AGENT_FLOWS[name]
+    return flowkernel(db, "run", str(EXAMPLES / f"{name}.json"), *inputs, "--fixtures", str(FIXTURES / name),
+                      plugins=plugins, crash=crash)
+
+
+def carry_on(db: Path, name: str, run_id: str, crash: str | None = None) -> subprocess.CompletedProcess[str]:
+    """``resume`` the run, or ``reply`` to the node run it waits on (research asks the human once)."""
+    _, plugins = AGENT_FLOWS[name]
+    kernel = Kernel(str(db))
+    try:
+        snap = kernel.snapshot(run_id)
+    finally:
+        kernel.close()
+    if snap.status == "waiting":
+        return flowkernel(db, "reply", run_id, "--to", snap.waiting["researcher"].runId, RESEARCH_REPLY,
+                          "--fixtures", str(FIXTURES / name), plugins=plugins, crash=crash)
+    return flowkernel(db, "resume", run_id, "--fixtures", str(FIXTURES / name), plugins=plugins, crash=crash)
+
+
+def to_the_end(db: Path, name: str, run_id: str) -> Finished:
+    for _ in range(4):
+        done = carry_on(db, name, run_id)
+        if done.returncode == 0:
+            return finished(db, run_id)
+        assert done.returncode == 3, done.stderr  # research waits for its reply once
+    raise AssertionError(f"run {run_id} did not finish")
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Finished]:
+    out = {}
+    for name in AGENT_FLOWS:
+        db = tmp_path_factory.mktemp(f"ref-{name}") / "runs.db"
+        first = start(db, name)
+        assert first.returncode in (0, 3), first.stderr
+        out[name] = to_the_end(db, name, only_run(db)) if first.returncode == 3 else finished(db, only_run(db))
+    return out
+
+
+def assert_like_uninterrupted(got: Finished, reference: Finished) -> None:
+    assert got.outputs == reference.outputs
+    assert got.conversations == reference.conversations
+    uses = [c["toolUseId"] for c in got.tool_calls]
+    assert len(uses) == len(set(uses)), f"a tool call is stored twice: {uses}"
+    assert sorted(uses) == sorted(c["toolUseId"] for c in reference.tool_calls)
+
+
+def killed_then_finished(tmp_path: Path, name: str, crash: str, *, in_reply: bool = False) -> tuple[str, Finished]:
+    db = tmp_path / "runs.db"
+    first = start(db, name, crash=None if in_reply else crash)
+    run_id = only_run(db)
+    if in_reply:
+        assert first.returncode == 3, first.stderr
+        first = carry_on(db, name, run_id, crash=crash)
+    assert first.returncode == KILLED, first.stderr
+    return run_id, to_the_end(db, name, run_id)
+
+
+def test_an_agent_killed_before_its_prompt_was_stored_starts_with_its_prompt_once(
+        tmp_path: Path, uninterrupted: dict[str, Finished]) -> None:
+    run_id, got = killed_then_finished(tmp_path, "review-loop", "before-message:1")
+    kernel = Kernel(str(tmp_path / "runs.db"))
+    try:
+        planner = conversations(kernel, run_id)["ses_*_planner"]
+    finally:
+        kernel.close()
+    prompt = uninterrupted["review-loop"].conversations["ses_*_planner"][0]
+    assert planner[0] == prompt and planner.count(prompt) == 1
+    assert planner[1] == {"role": "user", "content": "continue"}, "then the resume message, as the next turn"
+    assert_like_uninterrupted(got, uninterrupted["review-loop"])
+
+
+def test_resumed_foreach_agents_send_their_prompt_once(tmp_path: Path, uninterrupted: dict[str, Finished]) -> None:
+    # The second message row is the second item's prompt: the first item's prompt is stored, and both
+    # are in flight when the process dies.
+    _, got = killed_then_finished(tmp_path, "fanout", "before-message:2")
+    for session, messages in got.conversations.items():
+        prompts = [m for m in messages if m["role"] == "user"]
+        assert prompts == messages[:1] and len(prompts) == 1, session
+    assert_like_uninterrupted(got, uninterrupted["fanout"])
+
+
+def test_an_agent_killed_after_its_final_answer_was_stored_completes_with_it(
+        tmp_path: Path, uninterrupted: dict[str, Finished]) -> None:
+    _, got = killed_then_finished(tmp_path, "review-loop", "before-event:node:complete:1")
+    assert got.conversations["ses_*_planner"][-1]["role"] == "assistant", "no model call after the answer"
+    assert_like_uninterrupted(got, uninterrupted["review-loop"])
+
+
+def test_a_tool_call_cut_short_by_a_crash_is_stored_as_interrupted(
+        tmp_path: Path, uninterrupted: dict[str, Finished]) -> None:
+    # The first answer asks for two lookups; the process dies before either row is stored.
+    _, got = killed_then_finished(tmp_path, "research", "before-tool-call:1")
+    first_two = got.tool_calls[:2]
+    assert [(c["toolName"], c["status"], c["output"]) for c in first_two] == [
+        ("lookup_fact", "error", INTERRUPTED_RESULT)] * 2
+    told = [e for e in got.events if isinstance(e, AgentTool) and e.toolUseId in {c["toolUseId"] for c in first_two}]
+    assert len(told) == 2 and all(e.error and "interrupted" in e.error for e in told)
+    results = [b for m in got.conversations["ses_*_researcher"] if isinstance(m["content"], list)
+               for b in m["content"] if b.get("type") == "tool_result"][:2]
+    assert all(b["content"] == INTERRUPTED_RESULT and b["is_error"] for b in results), "the model is told so"
+    assert got.outputs == uninterrupted["research"].outputs
+
+
+def test_a_reply_stored_as_the_answer_to_ask_human_is_not_sent_again(
+        tmp_path: Path, uninterrupted: dict[str, Finished]) -> None:
+    # Killed after the ask_human tool-call row, before the user message that carries it.
+    _, got = killed_then_finished(tmp_path, "research", "before-message:1", in_reply=True)
+    assert_like_uninterrupted(got, uninterrupted["research"])
+
+
+def test_messages_stored_before_their_inbox_was_marked_taken_are_not_sent_again(
+        tmp_path: Path, uninterrupted: dict[str, Finished]) -> None:
+    # Killed after the user message with the reply is stored, before inbox:consumed is committed.
+    _, got = killed_then_finished(tmp_path, "research", "before-event:inbox:consumed:1", in_reply=True)
+    assert_like_uninterrupted(got, uninterrupted["research"])
+
+
+# -- child runs -----------------------------------------------------------------------------------
+
+def test_a_child_run_killed_mid_node_is_resumed_by_its_resumed_parent(
+        tmp_path: Path, uninterrupted: dict[str, Finished]) -> None:
+    # Messages: the brief's prompt and answer, then the child's draft prompt (3) and answer (4).
+    run_id, got = killed_then_finished(tmp_path, "subflow", "before-message:4")
+    kernel = Kernel(str(tmp_path / "runs.db"))
+    try:
+        children = kernel.runs(parent=run_id)
+        assert [c.status for c in children] == ["completed"], "the same child, carried on to the end"
+        child = children[0].runId
+        assert [e.type for e in kernel.events(child)].count("flow:resumed") == 1
+    finally:
+        kernel.close()
+    assert_like_uninterrupted(got, uninterrupted["subflow"])

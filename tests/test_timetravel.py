@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import pytest
 from flowkernel.api import Kernel
 from flowkernel.events import AgentTool, BaseEvent, Event, FlowResumed, FlowStart, NodeComplete, NodeStart
 from flowkernel.fixtures import MockQuery
@@ -153,3 +154,35 @@ def test_a_tool_call_with_another_result_is_a_divergence_naming_the_call() -> No
     found = first_divergence(recorded, rerun)
     assert found is not None and found.kind == "event" and found.seq == 3
     assert "agent tool call toolu_2" in found.message and '"B"' in found.message
+
+
+def _normalized(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _normalized(v) for k, v in value.items() if k not in ("sessionId", "usage", "totalCostUsd")}
+    if isinstance(value, list):
+        return [_normalized(v) for v in value]
+    return value
+
+
+@pytest.mark.parametrize("name", ["review-loop", "fanout"])
+def test_a_fork_at_every_seq_of_an_agent_run_completes_from_the_fixtures(tmp_path: Path, name: str) -> None:
+    # Seqs inside an agent turn (after its node:start and agent:start, before its first stored message)
+    # included: the forked agent sends its prompt, once.
+    fixtures = ROOT / "fixtures" / name
+    kernel = Kernel(SqliteStore(tmp_path / "runs.db"), services={"query_fn": MockQuery(fixtures)})
+    inputs = {"feature": "CSV export"} if name == "review-loop" else {}
+    source = anyio.run(kernel.run, kernel.load_flow(ROOT / "flows" / f"{name}.json"), inputs)
+    assert source.status == "completed"
+    events = kernel.events(source.runId)
+    inside = [e.seq for e in events if e.type == "agent:start"]
+    assert inside, "the recording has agent turns to fork inside"
+    for at in range(1, events[-1].seq + 1):
+        snap = anyio.run(lambda at=at: fork(kernel, source.runId, at))
+        assert snap.status == "completed", f"fork at seq {at} ({events[at - 1].type}): {snap.error}"
+        assert _normalized(snap.outputs) == _normalized(source.outputs), f"fork at seq {at}"
+        for row in kernel.store.list_agent_messages(flow_run_id=snap.runId, limit=10_000):
+            assert row["content"] != "", f"fork at seq {at}: an empty message"
+        prompts = [(r["sessionId"], r["content"]) for r in kernel.store.list_agent_messages(flow_run_id=snap.runId,
+                                                                                              limit=10_000)
+                   if r["role"] == "user" and r["step"] == 1]
+        assert len(prompts) == len(set(prompts)), f"fork at seq {at}: a prompt sent twice"

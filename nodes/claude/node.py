@@ -5,8 +5,10 @@ One execution (node run) of the loop:
 1. choose the session: ``continue`` (default) uses one stable session per node and flow run, so loop
    passes, retries and resumes all extend the same conversation; ``fresh`` starts a new one per
    execution, but a *resumed* execution always continues the interrupted one's session;
-2. rebuild the conversation from the stored rows, and save ``agent:start`` durably (the reducer puts
-   the session in ``agentSessions``) before any model call;
+2. rebuild the conversation from the stored rows, save ``agent:start`` durably (the reducer puts
+   the session in ``agentSessions``) before any model call, and write what the node runs it continues
+   left unwritten: the prompt (first, once), tool calls cut short, a stored answer that stands
+   (``resume.py``);
 3. at each turn boundary: settle tool_use blocks still without results (from stored tool-call rows;
    ``ask_human`` from a reply, or wait for one), take inbox messages (send, reply, resume) as user
    text, stop if a pause was asked, check the step budgets; then call the model, store its message,
@@ -14,7 +16,7 @@ One execution (node run) of the loop:
 
 Every row is written when it happens, so a pause (the kernel cancels the task), a crash or a human
 wait loses at most the call in flight, and the next execution's first request is exactly the stored
-conversation plus what was delivered to it.
+conversation plus what was delivered to it (after a crash or a pause: the resume message).
 """
 
 from __future__ import annotations
@@ -30,20 +32,23 @@ from flowkernel.context import NodeContext
 from flowkernel.errors import NodeFailure, Problem
 from flowkernel.events import USAGE_KEYS, AgentComplete, AgentError, AgentStart, AgentTool, AgentUsage
 from flowkernel.jsonschemas import instance_errors
+from flowkernel.lineage import Lineage, find_lineage
 from flowkernel.node import INTERRUPTED, Interrupted, KnownNames, WaitFor, unknown_name
 from flowkernel.nodes.claude import spans
 from flowkernel.nodes.claude.config import INPUT_SCHEMA, AgentConfig, build_request, check_input, parse_config
 from flowkernel.nodes.claude.pricing import Price, cost_usd, find_price, price_table
-from flowkernel.nodes.claude.transcript import Transcript, session_of_run
+from flowkernel.nodes.claude.resume import Pickup
+from flowkernel.nodes.claude.transcript import Transcript
 from flowkernel.query import ModelMessage, QueryFn
-from flowkernel.tools import ASK_HUMAN, Tool, as_tool, result_text, truncate
+from flowkernel.tools import ASK_HUMAN, INTERRUPTED_RESULT, Tool, as_tool, result_text, truncate
 
 FINAL_STOPS = frozenset({"end_turn", "stop_sequence", "max_tokens", "refusal", None})
 
 
 @dataclass(slots=True)
 class _Tally:
-    """Usage and cost of this execution, per model and in total."""
+    """Usage and cost of this pass of the node (calls made before an interruption included), per model
+    and in total."""
 
     prices: dict[str, Price]
     usage: dict[str, int] = field(default_factory=lambda: dict.fromkeys(USAGE_KEYS, 0))
@@ -144,6 +149,8 @@ class _Execution:
         self.tally = _Tally(price_table(ctx.services.get("prices")))
         self.turns = 0
         self.schema_tries = 0
+        self.pass_calls = 0  # model calls of this pass that the node runs this one continues made
+        self.stored_seqs: set[int] = set()  # inbox messages those node runs had stored already
         self.resolved: dict[str, tuple[str, bool]] = {}  # toolUseId -> (result text, is_error)
         self.began = time.monotonic()
 
@@ -163,63 +170,76 @@ class _Execution:
             tools[name] = as_tool(name, entry)
         return tools
 
-    def _session_id(self) -> str:
+    def _session_id(self, lineage: Lineage) -> str:
         ctx = self.ctx
         if self.cfg.session == "continue":
             suffix = "" if ctx.item is None else f"_{ctx.item}"
             return f"ses_{ctx.flow_run_id.removeprefix('run_')}_{ctx.node_id}{suffix}"
-        if ctx.resumed_from is not None:
-            found = session_of_run(ctx, ctx.resumed_from)
-            if found is not None:
-                return found
-        return f"ses_{os.urandom(10).hex()}"
+        return lineage.session() or f"ses_{os.urandom(10).hex()}"
 
-    def _opening(self, transcript: Transcript) -> list[dict[str, Any]]:
-        """The messages this execution starts with: the prompt, unless it continues an interrupted run."""
-        ctx, cfg = self.ctx, self.cfg
-        if ctx.resumed_from is not None or (ctx.attempt > 1 and transcript.messages):
-            return []  # the prompt is already in the conversation; the inbox brings what is new
+    def _opening(self) -> list[dict[str, Any]]:
+        """The messages a pass of the node starts its conversation with: the prompt (or ``messages``)."""
+        cfg = self.cfg
         if cfg.messages is not None:
             return [{"role": m["role"], "content": m["content"]} for m in cfg.messages]
         return [{"role": "user", "content": cfg.prompt if isinstance(cfg.prompt, str | list) else
                  result_text(cfg.prompt)}]
 
+    async def _pick_up(self, transcript: Transcript) -> dict[str, Any] | None:
+        """Write what the node runs this one continues left unwritten (``resume.py``); returns their
+        stored final answer when there is one to stand by."""
+        ctx, cfg = self.ctx, self.cfg
+        lineage = find_lineage(ctx.store, ctx.flow_run_id, ctx.node_id, ctx.item, ctx.run_id)
+        transcript.session_id = self._session_id(lineage)
+        transcript.load()
+        pickup = Pickup(ctx, transcript, lineage)
+        preamble = pickup.preamble(cfg.system, self._opening())
+        missing = pickup.missing(preamble)
+        opens = any(p.kind == "opening" for p in missing)
+        await ctx.emit_durable(AgentStart(sessionId=transcript.session_id, model=cfg.model,
+                                          prompt=(cfg.prompt if cfg.messages is None else self._opening())
+                                          if opens else None))
+        earlier = pickup.model_calls()
+        self.pass_calls = len(earlier)
+        for call in earlier:  # the output counts the pass's calls, wherever it was interrupted
+            self.tally.add(call.get("model") or cfg.model, call.get("usage") or {})
+        self.schema_tries = pickup.corrections()
+        for p in missing:
+            if p.kind == "closing":
+                # A new pass over a conversation a previous pass left mid-tool-call: close those calls
+                # first, so the conversation stays valid (every tool_use answered) before the new prompt.
+                uses = transcript.pending_tool_uses()
+                pickup.settle(uses, self.resolved, closing=True)
+                transcript.add("user", self._tool_results(uses), p.step)
+                self.resolved.clear()
+            else:
+                transcript.add(p.role, p.content, p.step)
+        if missing:
+            return None
+        uses = transcript.pending_tool_uses()
+        self.stored_seqs = pickup.settle(uses, self.resolved) if uses else \
+            pickup.stored_but_not_consumed(len(preamble))
+        answer = pickup.final_answer(len(preamble))
+        if answer is not None and lineage.previous in lineage.failed and ctx.inbox():
+            return None  # a failed agent resumed with a message: the message is its next turn
+        return answer
+
     # -- the loop ---------------------------------------------------------------------------
 
     async def run(self) -> Any:
         ctx, cfg = self.ctx, self.cfg
-        transcript = Transcript(ctx, self._session_id())
-        transcript.load()
-        opening = self._opening(transcript)
-        await ctx.emit_durable(AgentStart(sessionId=transcript.session_id, model=cfg.model,
-                                          prompt=cfg.prompt if opening and cfg.messages is None else
-                                          (opening or None)))
-        if not transcript.messages and cfg.system:
-            transcript.add("system", cfg.system, 0)
-        pending = transcript.pending_tool_uses()
-        if pending:
-            transcript.load_tool_results({b["id"] for b in pending})
-            for b in pending:
-                row = transcript.tool_results.get(b["id"])
-                if row is not None:
-                    self.resolved[b["id"]] = (result_text(row.get("output")), row.get("status") == "error")
-            if opening:
-                # A new pass over a conversation left mid-tool-call: close those calls first, so the
-                # conversation stays valid (every tool_use answered) before the new prompt.
-                transcript.add("user", self._tool_results(pending), transcript.steps)
-                self.resolved.clear()
-        for m in opening:
-            transcript.add(m["role"], m["content"], transcript.steps + 1)
+        transcript = Transcript(ctx, "")
+        stored = await self._pick_up(transcript)
+        # A final answer stored before the interruption stands, as it would have (checked like a new one).
+        if stored is not None and (cfg.output_schema is None
+                                   or not self._check_output(transcript, stored["content"], int(stored["step"]))):
+            stop = (stored.get("modelCall") or {}).get("stopReason", "end_turn")
+            return await self._finish(transcript, {"content": stored["content"], "stopReason": stop})
         last: ModelMessage | None = None
         while True:
             waiting = await self._turn_boundary(transcript)
             if waiting is not None:
                 return waiting
-            if last is None and not opening and transcript.messages \
-                    and transcript.messages[-1]["role"] == "assistant":
-                # Interrupted after the final answer was stored: nothing new to say, so it stands.
-                last = {"content": transcript.messages[-1]["content"], "stopReason": "end_turn"}
-                return await self._finish(transcript, last)
             self._check_budgets(transcript)
             step = transcript.steps + 1
             answer = await self._call_unless_paused(transcript)
@@ -279,16 +299,21 @@ class _Execution:
             # The step in flight is finished and stored: stop here, the resume rebuilds from the rows.
             return INTERRUPTED
         inbox = ctx.inbox()
-        taken = 0
+        # Messages the node run this one continues had stored already (see resume.py) are not sent again.
+        fresh = [m for m in inbox if m.seq not in self.stored_seqs]
+        self.stored_seqs = set()
+        # A reply (or a send) answers ask_human; a resume message is not an answer, it goes on as text.
+        answers = iter([i for i, m in enumerate(fresh) if m.kind != "resume"])
+        used: set[int] = set()
         for b in transcript.pending_tool_uses():
             result = self.resolved.get(b["id"])
             if result is None and b.get("name") == ASK_HUMAN:
-                if taken >= len(inbox):
+                i = next(answers, None)
+                if i is None:
                     question = (b.get("input") or {}).get("question", "")
                     return WaitFor(prompt=question)
-                # Whatever the human sends to a node waiting on ask_human answers it.
-                answer = result_text(inbox[taken].content)
-                taken += 1
+                used.add(i)
+                answer = result_text(fresh[i].content)
                 result = (answer, False)
                 transcript.add_tool_call({"messageId": None, "toolName": ASK_HUMAN, "toolUseId": b["id"],
                                           "input": b.get("input"), "output": answer, "status": "completed",
@@ -298,24 +323,24 @@ class _Execution:
                 self.resolved[b["id"]] = result
         blocks = self._tool_results(transcript.pending_tool_uses()) \
             if transcript.pending_tool_uses() else []
-        texts = [result_text(m.content) for m in inbox[taken:]]
+        texts = [result_text(m.content) for i, m in enumerate(fresh) if i not in used]
         if not blocks and not texts:
+            await ctx.consume_inbox(len(inbox), step=transcript.steps)  # what was stored already, if anything
             return None
         content: Any = texts[0] if not blocks and len(texts) == 1 else \
             [*blocks, *({"type": "text", "text": t} for t in texts)]
         transcript.add("user", content, transcript.steps)
         self.resolved.clear()
-        # Consumed after the row is stored: a crash in between delivers the message again rather than lose it.
-        await ctx.consume_inbox(len(inbox))
+        # Consumed after the row is stored, with the step that says where: a node run that continues
+        # this one after a crash in between finds them stored and does not send them again.
+        await ctx.consume_inbox(len(inbox), step=transcript.steps)
         return None
 
     def _tool_results(self, uses: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """tool_result blocks, in the order of ``uses``; a call without a result was cut short."""
         blocks: list[dict[str, Any]] = []
         for b in uses:
-            text, is_error = self.resolved.get(b["id"]) or (
-                "the tool call was interrupted (pause, crash or a new pass of the node) before it "
-                "finished; it was not run again", True)
+            text, is_error = self.resolved.get(b["id"]) or (INTERRUPTED_RESULT, True)
             block: dict[str, Any] = {"type": "tool_result", "tool_use_id": b["id"], "content": text}
             if is_error:
                 block["is_error"] = True
@@ -408,6 +433,7 @@ class _Execution:
         cost = round(self.tally.cost, 10)
         self.ctx.emit(AgentComplete(result=text, structuredOutput=structured, usage=usage,
                                     modelUsage=self.tally.by_model or None, totalCostUsd=cost,
-                                    durationMs=int((time.monotonic() - self.began) * 1000), numTurns=self.turns))
+                                    durationMs=int((time.monotonic() - self.began) * 1000),
+                                    numTurns=self.pass_calls + self.turns))
         return {"text": text, "structuredOutput": structured, "usage": usage, "totalCostUsd": cost,
-                "numTurns": self.turns, "sessionId": transcript.session_id, "stopReason": last.get("stopReason")}
+                "numTurns": self.pass_calls + self.turns, "sessionId": transcript.session_id, "stopReason": last.get("stopReason")}

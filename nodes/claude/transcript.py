@@ -14,22 +14,10 @@ from typing import Any
 
 from flowkernel.context import NodeContext
 from flowkernel.errors import LeaseLostError
-from flowkernel.events import AgentError, AgentStart, decode
+from flowkernel.events import AgentError
 from flowkernel.ids import now_ms
 
 PAGE = 500
-
-
-def session_of_run(ctx: NodeContext, node_run_id: str) -> str | None:
-    """The session a node run worked in, from its durable ``agent:start`` (scans the run's log)."""
-    found: str | None = None
-    for body in ctx.store.read_events(ctx.flow_run_id):
-        if b'"agent:start"' not in body:
-            continue  # cheap filter: decoding every delta of a long run is the slow part
-        ev = decode(body)
-        if isinstance(ev, AgentStart) and ev.runId == node_run_id:
-            found = ev.sessionId
-    return found
 
 
 def _pages(fetch: Callable[[int], list[dict[str, Any]]]) -> Iterator[dict[str, Any]]:
@@ -49,6 +37,8 @@ class Transcript:
         self.ctx = ctx
         self.session_id = session_id
         self.messages: list[dict[str, Any]] = []  # what the next request's `messages` starts with
+        # Every stored row, system ones included: {"id", "runId", "role", "content", "step", "modelCall"}.
+        self.rows: list[dict[str, Any]] = []
         self.steps = 0  # model calls in this session so far, across node runs
         self.tool_results: dict[str, dict[str, Any]] = {}  # toolUseId -> stored tool-call row
 
@@ -57,6 +47,7 @@ class Transcript:
         store = self.ctx.store
         for row in _pages(lambda after: store.list_agent_messages(session_id=self.session_id, after=after,
                                                                   limit=PAGE)):
+            self.rows.append({k: row.get(k) for k in ("id", "runId", "role", "content", "step", "modelCall")})
             if row["role"] == "system":
                 continue  # the system prompt travels in the request's `system`, not in `messages`
             self.messages.append({"role": row["role"], "content": row["content"]})
@@ -85,8 +76,11 @@ class Transcript:
         An assistant message keeps ``model_call``: the model, id, stop reason and usage of its call."""
         if role != "system":
             self.messages.append({"role": role, "content": content})
-        return self.write("message", self.ctx.store.add_agent_message, {"role": role, "content": content,
-                                                                          "step": step, "modelCall": model_call})
+        row_id = self.write("message", self.ctx.store.add_agent_message, {"role": role, "content": content,
+                                                                            "step": step, "modelCall": model_call})
+        self.rows.append({"id": row_id, "runId": self.ctx.run_id, "role": role, "content": content, "step": step,
+                          "modelCall": model_call})
+        return row_id
 
     def add_tool_call(self, row: dict[str, Any]) -> int | None:
         return self.write("tool call", self.ctx.store.add_tool_call, row)

@@ -8,7 +8,7 @@ row (``tool-call``) and a taken command (``finish_command``). ``FLOWKERNEL_CRASH
 - ``before-write:N``: right before the N-th durable write of any kind (so the first N-1 are stored);
 - ``before-message:N`` / ``before-tool-call:N`` / ``before-commit:N``: before the N-th write of that kind;
 - ``after-event:TYPE:N``: right after the commit that stores the N-th event of TYPE (e.g.
-  ``after-event:state:patch:1``).
+  ``after-event:state:patch:1``); ``before-event:TYPE:N``: right before that commit.
 
 Lease renewals and releases are not counted: they depend on the clock, not on what the run does.
 With ``FLOWKERNEL_CRASH_COUNT=FILE`` the number of durable writes made is written to FILE at exit
@@ -29,7 +29,7 @@ from flowkernel.store.sqlite import SqliteStore
 
 @dataclass
 class _Plan:
-    kind: str = ""  # write | message | tool-call | commit | event
+    kind: str = ""  # write | message | tool-call | commit | event | event-before
     n: int = 0
     event: bytes = b""
     counts: dict[str, int] = field(default_factory=dict)
@@ -45,9 +45,10 @@ def arm(spec: str | None) -> None:
     if not spec:
         return
     head, _, rest = spec.partition(":")
-    if head == "after-event":
+    if head in ("after-event", "before-event"):
         event_type, _, n = rest.rpartition(":")
-        _plan = _Plan(kind="event", n=int(n), event=f'"type":"{event_type}"'.encode())
+        _plan = _Plan(kind="event" if head == "after-event" else "event-before", n=int(n),
+                      event=f'"type":"{event_type}"'.encode())
     elif head.startswith("before-"):
         _plan = _Plan(kind=head.removeprefix("before-"), n=int(rest))
     else:
@@ -70,12 +71,21 @@ def _count(kind: str) -> None:
             _die()
 
 
+def _seen(rows: Sequence[tuple[int, int, bytes]]) -> int:
+    """Events of the planned type stored so far, with ``rows`` (counted once, after the commit)."""
+    return _plan.counts.get("event", 0) + sum(1 for _, _, body in rows if _plan.event in body)
+
+
+def _before_commit(rows: Sequence[tuple[int, int, bytes]]) -> None:
+    if _plan.kind == "event-before" and _seen(rows) >= _plan.n:
+        _die()
+
+
 def _after_commit(rows: Sequence[tuple[int, int, bytes]]) -> None:
-    if _plan.kind != "event":
+    if _plan.kind not in ("event", "event-before"):
         return
-    seen = _plan.counts.get("event", 0) + sum(1 for _, _, body in rows if _plan.event in body)
-    _plan.counts["event"] = seen
-    if seen >= _plan.n:
+    _plan.counts["event"] = seen = _seen(rows)
+    if _plan.kind == "event" and seen >= _plan.n:
         _die()
 
 
@@ -90,6 +100,7 @@ _real_commit_group = SqliteStore.commit_group
 def _commit(self: SqliteStore, run_id: str, events: Sequence[tuple[int, int, bytes]], *args: Any,
             **kwargs: Any) -> None:
     _count("commit")
+    _before_commit(events)
     _real_commit(self, run_id, events, *args, **kwargs)
     _after_commit(events)
 
@@ -97,6 +108,7 @@ def _commit(self: SqliteStore, run_id: str, events: Sequence[tuple[int, int, byt
 def _create_run(self: SqliteStore, record: Any, events: Sequence[tuple[int, int, bytes]], *args: Any,
                 **kwargs: Any) -> None:
     _count("create-run")
+    _before_commit(events)
     _real_create_run(self, record, events, *args, **kwargs)
     _after_commit(events)
 

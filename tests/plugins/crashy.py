@@ -67,3 +67,10 @@ async def patch_then_work(path: str, value: Any, ctx: NodeContext) -> Any:
                       for body in ctx.store.read_events(ctx.flow_run_id)):
             await anyio.sleep(0.002)
     return value
+
+
+@register_function("crashy.step_later")
+async def step_later(label: str, prev: Any = None, trail: str | None = None, ctx: NodeContext | None = None) -> dict[str, Any]:
+    """``step``, after yielding to the event loop: node runs of it run as tasks, concurrently."""
+    await anyio.lowlevel.checkpoint()
+    return step(label, prev, trail, ctx)
