@@ -488,7 +488,7 @@ class Kernel:
         before = None
         if record.status != "queued" and _interrupted(self.snapshot(run_id)):
             cmd = Command(kind="resume", content="continue")
-            before = self._judged(run_id, cmd, FlowResumed(message="continue"))
+            before = self._judged(run_id, cmd, lambda snap: FlowResumed(message="continue"))
         return await self.execute(run_id, on_event=on_event, lease=lease, on_execution=on_execution, before=before)
 
     def hand_to_pool(self, run_id: str, before: Callable[[RunSnapshot], list[BaseEvent]]) -> RunSnapshot:
@@ -739,15 +739,17 @@ class Kernel:
     async def resume(self, run_id: str, message: str | None = "continue", *,
                      on_event: EventListener | None = None, queue: bool = False,
                      budget: float | None = None) -> RunSnapshot:
-        """Continue a paused, waiting or interrupted run; ``message`` goes to every interrupted node run.
-        ``budget``: the new limit in USD for what paused the run for its budget (a node's
-        ``policy.maxCostUsd``), or else for the run's ``budget.maxCostUsd``; recorded in ``flow:resumed``.
-        With ``queue``, a worker continues it (``hand_to_pool``); the snapshot after the resume returns."""
+        """Continue a paused, waiting, interrupted or failed run; ``message`` goes to every interrupted node
+        run, and on a failed run to every failed node it runs again (a failed agent takes it as the next
+        user turn of its conversation). ``budget``: the new limit in USD for what paused the run for its
+        budget (a node's ``policy.maxCostUsd``), or else for the run's ``budget.maxCostUsd``; recorded in
+        ``flow:resumed``. With ``queue``, a worker continues it (``hand_to_pool``); the snapshot after the
+        resume returns."""
         cmd = Command(kind="resume", content=message, budget=budget)
         # (a budget that is not a positive number is refused by the judge before this is appended)
         usd = float(budget) if isinstance(budget, int | float) and not isinstance(budget, bool) else None
-        resumed = FlowResumed(message=message, budgetUsd=usd)
-        before = self._judged(run_id, cmd, resumed)
+        before = self._judged(run_id, cmd, lambda snap: FlowResumed(message=message, budgetUsd=usd,
+                                                                    retry=snap.status == "failed"))
         if queue:
             return self.hand_to_pool(run_id, before)
         return await self.execute(run_id, on_event=on_event, before=before)
@@ -757,12 +759,13 @@ class Kernel:
         """Re-run the failed nodes of a failed run (fresh attempts; the history stays); ``message`` goes to
         every interrupted node run, as for resume; ``queue`` as for resume."""
         cmd = Command(kind="retry")
-        before = self._judged(run_id, cmd, FlowResumed(message=message, retry=True))
+        before = self._judged(run_id, cmd, lambda snap: FlowResumed(message=message, retry=True))
         if queue:
             return self.hand_to_pool(run_id, before)
         return await self.execute(run_id, on_event=on_event, before=before)
 
-    def _judged(self, run_id: str, cmd: Command, then: BaseEvent) -> Callable[[RunSnapshot], list[BaseEvent]]:
+    def _judged(self, run_id: str, cmd: Command,
+                then: Callable[[RunSnapshot], BaseEvent]) -> Callable[[RunSnapshot], list[BaseEvent]]:
         def before(snap: RunSnapshot) -> list[BaseEvent]:
             flow = self.flow_of(run_id)
             below = 0.0
@@ -772,7 +775,7 @@ class Kernel:
             outcome = judge_command(flow, snap, cmd, executing=False, below=below)
             if not outcome.accepted:
                 raise _Refused(outcome)  # recorded by ``execute``, under the lease it holds
-            return [outcome.record, then]
+            return [outcome.record, then(snap)]
         return before
 
     async def command(self, run_id: str, cmd: Command, *, timeout_s: float = 10.0) -> CommandOutcome:

@@ -251,8 +251,6 @@ def judge_command(flow: CompiledFlow, snap: RunSnapshot, cmd: Command, *, execut
     if cmd.kind == "resume":
         if status in ("completed", "aborted"):
             return _reject(cmd, f"run {snap.runId} is {status}; there is nothing to resume")
-        if status == "failed":
-            return _reject(cmd, f"run {snap.runId} failed; use retry to re-run its failed nodes")
         if executing:
             return _reject(cmd, f"run {snap.runId} is already executing")
         over = resume_problem(flow, snap, cmd.budget, below=below)

@@ -319,3 +319,60 @@ def test_a_child_run_killed_mid_node_is_resumed_by_its_resumed_parent(
     finally:
         kernel.close()
     assert_like_uninterrupted(got, uninterrupted["subflow"])
+
+
+
+# -- resume of a failed run -----------------------------------------------------------------------
+
+def test_resume_of_a_failed_run_gives_a_failed_agent_the_message_as_its_next_turn(tmp_path: Path) -> None:
+    from flowkernel.testing.fake_api import FakeAnthropic, Text, reply
+
+    flow = write_flow(tmp_path, {"name": "strict", "nodes": [{"id": "agent", "type": "claude.agent", "input": {
+        "prompt": "Is it on?", "outputSchema": {"type": "object", "required": ["on"]}, "outputRetries": 0}}]})
+    db = tmp_path / "runs.db"
+    with FakeAnthropic() as fake:
+        fake.script(reply(Text("Yes, it is on.")), reply(Text('{"on": true}')))
+        extra = {"ANTHROPIC_BASE_URL": fake.base_url, "ANTHROPIC_API_KEY": "test"}
+        failed = flowkernel(db, "run", str(flow), extra_env=extra)
+        assert failed.returncode == 1 and "outputSchema" in failed.stderr, failed.stderr
+        run_id = only_run(db)
+        resumed = flowkernel(db, "resume", run_id, "--message", "Reply with the JSON only.", extra_env=extra)
+        assert resumed.returncode == 0, resumed.stderr
+        assert len(fake.requests[1].body["messages"]) == 3
+    kernel = Kernel(str(db))
+    try:
+        assert next(iter(conversations(kernel, run_id).values())) == [
+            {"role": "user", "content": "Is it on?"},
+            {"role": "assistant", "content": [{"type": "text", "text": "Yes, it is on."}]},
+            {"role": "user", "content": "Reply with the JSON only."},
+            {"role": "assistant", "content": [{"type": "text", "text": '{"on": true}'}]}]
+        snap = kernel.snapshot(run_id)
+        assert snap.status == "completed" and snap.outputs["agent"]["structuredOutput"] == {"on": True}
+        starts = [e for e in kernel.events(run_id) if e.type == "node:start"]
+        assert starts[1].resumedFrom == starts[0].runId, "the failed node run is continued"
+    finally:
+        kernel.close()
+
+
+def test_resume_of_a_failed_run_reruns_its_failed_nodes_and_items_with_the_message() -> None:
+    fixed = {"now": False}
+
+    def picky(ctx: Any, n: int) -> Any:
+        if n == 2 and not fixed["now"]:
+            raise RuntimeError("not yet")
+        return {"n": n, "heard": [m.content for m in ctx.inbox()]}
+
+    doc = {"name": "items", "nodes": [{"id": "list", "type": "transform", "input": {"expr": "[1, 2, 3]"}},
+                                      py("each", "picky", {"n": "{{ n }}"}),
+                                      py("after", "picky", {"n": 0})],
+           "edges": [{"from": "list", "to": "each", "forEach": {"in": "list", "as": "n"}},
+                     {"from": "each", "to": "after"}]}
+    kernel, snap, _ = run_flow(doc, reg=registry(picky=picky))
+    assert snap.status == "failed"
+    fixed["now"] = True
+    done = anyio.run(kernel.resume, snap.runId, "go on")
+    assert done.status == "completed"
+    assert [r["output"] for r in done.outputs["each"]["iterations"]] == [
+        {"n": 1, "heard": []}, {"n": 2, "heard": ["go on"]}, {"n": 3, "heard": []}]
+    starts = [e for e in kernel.events(snap.runId) if e.type == "node:start" and e.nodeId == "each" and e.item == 1]
+    assert starts[-1].resumedFrom == starts[0].runId

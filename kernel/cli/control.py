@@ -18,9 +18,10 @@ from flowkernel.cli.session import (
 
 
 def add_parsers(sub: Any) -> None:
-    sp = sub.add_parser("resume", help="continue a paused, waiting or interrupted run")
+    sp = sub.add_parser("resume", help="continue a paused, waiting, interrupted or failed run")
     sp.add_argument("run")
-    sp.add_argument("--message", default="continue", help="delivered to every interrupted node run")
+    sp.add_argument("--message", default="continue",
+                    help="delivered to every interrupted node run (and, on a failed run, to each failed one)")
     sp.add_argument("--budget", type=_usd, metavar="USD",
                     help="the new limit (US dollars) for what paused the run for its budget: a node's "
                          "policy.maxCostUsd, else the run's budget.maxCostUsd")
