@@ -186,3 +186,33 @@ def test_a_fork_at_every_seq_of_an_agent_run_completes_from_the_fixtures(tmp_pat
                                                                                               limit=10_000)
                    if r["role"] == "user" and r["step"] == 1]
         assert len(prompts) == len(set(prompts)), f"fork at seq {at}: a prompt sent twice"
+
+
+def test_flowkernel_fork_inside_an_agent_turn_sends_the_prompt_once_and_completes(tmp_path: Path) -> None:
+    # Issue 12.9 as a user meets it: `flowkernel fork RUN --at SEQ` with SEQ after the planner's
+    # agent:start and before its first stored message used to fail at messages[0] (no prompt sent).
+    from tests.crash_support import conversation, flowkernel, only_run
+
+    db, fixtures = tmp_path / "runs.db", str(ROOT / "fixtures" / "review-loop")
+    done = flowkernel(db, "run", str(REVIEW), "--input", "feature=CSV export", "--fixtures", fixtures)
+    assert done.returncode == 0, done.stderr
+    source = only_run(db)
+    kernel = Kernel(str(db))
+    try:
+        events = kernel.events(source)
+        at = next(e.seq for e in events if e.type == "agent:start" and e.nodeId == "planner")
+        prompt = conversation(kernel, source, "planner")[0]
+    finally:
+        kernel.close()
+    forked = flowkernel(db, "fork", source, "--at", str(at), "--fixtures", fixtures)
+    assert forked.returncode == 0, forked.stderr
+    assert f"of {source} at seq {at}" in forked.stderr
+    kernel = Kernel(str(db))
+    try:
+        fork_id = next(r.runId for r in kernel.runs() if r.runId != source and r.parentRunId is None)
+        assert kernel.snapshot(fork_id).status == "completed"
+        talk = conversation(kernel, fork_id, "planner")
+        assert prompt["role"] == "user" and talk[0] == prompt, "the forked agent starts with its prompt"
+        assert talk.count(prompt) == 1, "and sends it once"
+    finally:
+        kernel.close()
