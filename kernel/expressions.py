@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -18,7 +18,20 @@ from flowkernel.expression_bounds import evaluate_open, guard, is_bounded, own_j
 
 # What jsonata-python returns for a function value (a builtin, a lambda or a partial application).
 _FUNCTIONS = (jsonata.Jsonata.JFunctionCallable, jsonata.parser.Parser.Symbol)
-_BINDING = re.compile(r"\{\{(.*?)\}\}", re.DOTALL)
+_BINDING = re.compile(r"\{\{(.*?)\}\}", re.DOTALL)  # anchored use only: see _bindings
+
+
+def _bindings(text: str) -> Iterator[tuple[int, int, str]]:
+    """``(start, end, inner)`` of each ``{{ … }}`` in ``text``, as ``_BINDING.finditer`` finds them but
+    in linear time: a regex search retries from every ``{{`` when no ``}}`` follows, so a string of many
+    ``{{`` took minutes."""
+    pos = 0
+    while (start := text.find("{{", pos)) >= 0:
+        end = text.find("}}", start + 2)
+        if end < 0:
+            return
+        yield start, end + 2, text[start + 2:end]
+        pos = end + 2
 
 
 _NAME = r"[A-Za-z_][A-Za-z0-9_]*"
@@ -85,25 +98,43 @@ class Expr:
             try:
                 value = self._compiled.evaluate(context, bindings)
             except Exception as exc:  # jsonata raises bare RuntimeErrors and the odd TypeError
-                raise ExpressionError(f"{self.source!r}: {exc}") from None
+                raise ExpressionError(f"{quoted(self.source)}: {exc}") from None
         if isinstance(value, _FUNCTIONS):  # no JSON value: it would fail later, far from its cause
-            raise ExpressionError(f"{self.source!r} evaluates to a function, not a value")
+            raise ExpressionError(f"{quoted(self.source)} evaluates to a function, not a value")
         return value
 
 
 # Called with each expression compiled and its JSON path: how validation looks inside bindings.
 ExprCheck = Callable[[Expr, str], None]
 
+# The JSONata parser takes ~40 µs a character: a longer expression is a mistake or an attack, and its
+# parse alone would hold validation for seconds to minutes.
+MAX_EXPRESSION_CHARS = 10_000
+
+
+def quoted(source: str, limit: int = 80) -> str:
+    """``source`` quoted for a message, cut to ``limit`` characters: an error stays one readable line."""
+    return repr(source if len(source) <= limit else source[:limit] + "…")
+
 
 def compile_expr(source: str, path: str, problems: list[Problem], check: ExprCheck | None = None) -> Expr | None:
-    """Compile ``source``; on a syntax error add a problem at ``path`` and return None."""
+    """Compile ``source``; on a syntax error (or, validating, one over ``MAX_EXPRESSION_CHARS``) add a
+    problem at ``path`` and return None."""
     if not source.strip():
         problems.append(Problem(path, "empty expression"))
         return None
+    # Only where a document is validated (``check`` given): a stored flow compiles as it was accepted.
+    if check is not None and len(source) > MAX_EXPRESSION_CHARS:
+        problems.append(Problem(path, f"an expression of {len(source):,} characters ({quoted(source, 40)}); at most "
+                                      f"{MAX_EXPRESSION_CHARS:,}: compute it in a python function instead"))
+        return None
     try:
         expr = Expr(source)
+    except RecursionError:
+        problems.append(Problem(path, f"JSONata does not parse: nested too deeply in {quoted(source)}"))
+        return None
     except Exception as exc:
-        problems.append(Problem(path, f"JSONata does not parse: {exc} in {source!r}"))
+        problems.append(Problem(path, f"JSONata does not parse: {exc} in {quoted(source)}"))
         return None
     if check is not None:
         check(expr, path)
@@ -185,13 +216,13 @@ def compile_template(value: Any, path: str, problems: list[Problem], check: Expr
             return _Whole(expr) if expr else _Const(None)
         parts: list[str | Expr] = []
         pos = 0
-        for match in _BINDING.finditer(value):
-            if match.start() > pos:
-                parts.append(value[pos:match.start()])
-            expr = compile_expr(match.group(1).strip(), path, problems, check)
+        for start, end, inner in _bindings(value):
+            if start > pos:
+                parts.append(value[pos:start])
+            expr = compile_expr(inner.strip(), path, problems, check)
             if expr:
                 parts.append(expr)
-            pos = match.end()
+            pos = end
         if pos < len(value):
             parts.append(value[pos:])
         return _Mixed(tuple(parts))

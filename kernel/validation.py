@@ -11,7 +11,15 @@ from collections.abc import Collection, Container
 from typing import Any
 
 from flowkernel.errors import FlowValidationError, Problem
-from flowkernel.expressions import Expr, ExprCheck, compile_expr, compile_template, compile_when, strip_braces
+from flowkernel.expressions import (
+    Expr,
+    ExprCheck,
+    compile_expr,
+    compile_template,
+    compile_when,
+    quoted,
+    strip_braces,
+)
 from flowkernel.node import KnownNames
 from flowkernel.references import references, yields_function
 
@@ -132,7 +140,7 @@ class _Scope:
     def check(self, expr: Expr, path: str, item_name: str | None) -> None:
         ast = expr.ast
         if yields_function(ast):
-            self.problems.append(Problem(path, f"{expr.source!r} is a function, not a value: call it "
+            self.problems.append(Problem(path, f"{quoted(expr.source)} is a function, not a value: call it "
                                                "(e.g. `$sum(items)`) or bind what it returns"))
         for ref in references(ast):
             name = ref.name
@@ -160,7 +168,7 @@ class _Scope:
 
 
 def _in(source: str, name: str) -> str:
-    return "" if source.strip() == name else f" in {source!r}"
+    return "" if source.strip() == name else f" in {quoted(source)}"
 
 
 def _check_structure(doc: dict[str, Any], node_types: Container[str], known: KnownNames | None,

@@ -10,6 +10,7 @@ import json
 import random
 import subprocess
 import sys
+import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -142,6 +143,27 @@ def test_deep_nesting_anywhere_is_refused_without_recursing(depth: int) -> None:
         check(document)
 
 
+@pytest.mark.parametrize("text", ["{{" * 200_000, "}}" + "{{ " * 100_000, "{{ 1 }}" * 20_000])
+def test_a_long_string_of_braces_is_read_in_linear_time(text: str) -> None:
+    """A regex search for `{{ … }}` retried from every `{{`: 200,000 of them took minutes."""
+    started = time.monotonic()
+    check({"name": "x", "nodes": [{"id": "a", "type": "noop", "input": {"v": text}}]})
+    assert time.monotonic() - started < 20
+
+
+@pytest.mark.parametrize(("source", "said"), [
+    ("a." * 50_000 + "a", "an expression of 100,001 characters ('a.a.a."),
+    ("(" * 4_999 + "1" + ")" * 4_999, "JSONata does not parse: nested too deeply in '((((("),
+    ("[" * 300 + "a" + "]" * 299, "JSONata does not parse: "),
+])
+def test_a_huge_or_deep_expression_is_refused_quickly_quoting_only_its_start(source: str, said: str) -> None:
+    with pytest.raises(FlowValidationError) as info:
+        compile_flow({"name": "x", "nodes": [{"id": "a", "type": "noop", "when": source}]}, NAMES.node_types)
+    [problem] = info.value.problems
+    assert problem.path == "$.nodes[0].when" and problem.message.startswith(said), problem
+    assert len(problem.message) < 300, problem
+
+
 def mutated_bytes(rng: random.Random, raw: bytes) -> bytes:
     data = bytearray(raw)
     for _ in range(rng.randint(1, 8)):
@@ -192,3 +214,12 @@ def test_validate_on_odd_files_exits_2_without_a_traceback(tmp_path: Path, clean
         assert "Traceback" not in res.stderr, (name, res.stderr)
         if res.returncode == 2:
             assert res.stderr.startswith("flowkernel: "), (name, res.stderr)
+
+
+def test_a_stored_flow_with_a_long_expression_still_compiles() -> None:
+    # Accepted before the length limit: resuming it must not fail on a rule made since.
+    long = "1" + " + 1" * 3_000
+    document = {"name": "x", "nodes": [{"id": "a", "type": "transform", "input": {"expr": long}}]}
+    with pytest.raises(FlowValidationError):
+        compile_flow(document, NAMES.node_types)
+    assert compile_flow(document, NAMES.node_types, trusted=True).name == "x"
