@@ -17,7 +17,7 @@ import math
 
 from flowkernel.compiler import CompiledFlow
 from flowkernel.events import FlowPaused
-from flowkernel.snapshot import RunSnapshot
+from flowkernel.snapshot import BudgetPause, RunSnapshot
 from msgspec.structs import replace
 
 RUN_BUDGET = "flow"  # the key of the run's own limit in ``costLimits`` (no node may be called ``flow``)
@@ -89,6 +89,15 @@ def resume_problem(flow: CompiledFlow, snap: RunSnapshot, budget: float | None, 
 def _spent(whose: str, spent: float, limit: float) -> str:
     return (f"{whose} has spent {money(spent)} of its {money(limit)} budget; resume with a higher "
             f"limit: --budget {money(suggested_budget(spent, limit), sign=False)}")
+
+
+def pause_hint(run_id: str, paused: BudgetPause) -> tuple[str, str]:
+    """What a budget pause is, in words (``run R has spent $0.6 of its $0.5 budget``), and the
+    ``resume`` command that raises the limit (without a store option)."""
+    whose = f"node {paused.nodeId} of run {run_id}" if paused.nodeId else f"run {run_id}"
+    more = money(suggested_budget(paused.costUsd, paused.limitUsd), sign=False)
+    return (f"{whose} has spent {money(paused.costUsd)} of its {money(paused.limitUsd)} budget",
+            f"flowkernel resume {run_id} --budget {more}")
 
 
 def suggested_budget(cost: float, limit: float) -> float:

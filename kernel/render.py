@@ -321,6 +321,11 @@ def show_snapshot(record: RunRecord, snap: RunSnapshot, out: TextIO, summary: Ru
         status = f"interrupted (stored as running; no process executes it: flowkernel resume {snap.runId}{again})"
     out.write(f"run      {record.runId}\nflow     {record.flowName}  ({record.flowHash[:19]}…)\n")
     out.write(f"status   {status}" + (f"  error: {snap.error}" if snap.error else "") + "\n")
+    if snap.status == "paused" and snap.budgetPause is not None:
+        from flowkernel.budgets import pause_hint
+
+        what, command = pause_hint(snap.runId, snap.budgetPause)
+        out.write(f"budget   {what}: {command}{again}\n")
     out.write(f"events   {snap.seq}\n")
     if summary is not None:  # the run's cost now (child runs included), whatever seq is shown
         out.write(f"cost     {cost_line(summary)}\n")

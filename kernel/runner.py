@@ -377,7 +377,7 @@ class RunExecution:
             if msg.nodeId is not None and self._stale(msg):
                 return  # a node run that was cancelled (run stopped, loop reset): its late words change nothing
             self._append(msg)
-            if self._budgets and (type(msg) is AgentUsage or (self._children_count and type(msg) is NodeComplete)):
+            if self._budgets and (type(msg) is AgentUsage or (self._children_count and type(msg) in _NODE_ENDS)):
                 self._check_budget(msg.nodeId if type(msg) is AgentUsage else None)
         elif isinstance(msg, _Durable):
             if msg.draft.nodeId is not None and self._stale(msg.draft):
@@ -892,6 +892,7 @@ class RunExecution:
             return
 
 
+_NODE_ENDS = frozenset({NodeComplete, NodeError})  # a child run may have spent: look at the run's budget
 _OBSERVABILITY = frozenset({AgentTextDelta, AgentThinkingDelta, AgentText, AgentThinking, AgentTool, AgentError,
                             AgentUsage})
 _PROGRESS = frozenset({EdgeFire, EdgeSkip, NodeStart, NodeComplete, NodeSkipped, NodeError, LoopIterate, FlowResumed})

@@ -287,6 +287,9 @@ def test_cli_exits_3_on_a_budget_pause_and_its_hint_resumes_the_run_as_printed(
     words = shlex.split(command)
     assert words[:2] == ["flowkernel", "resume"] and "--budget" in words and words[words.index("--budget") + 1] == "1"
 
+    shown = fk("show", words[2], "--db", "runs.db", cwd=tmp_path, env=env)
+    assert f"budget   run {words[2]} has spent $0.6 of its $0.5 budget: {command}" in shown.stdout
+
     # pasted somewhere else, as printed: the run goes on to the end
     done = fk(*words[1:], cwd=where, env=env)
 

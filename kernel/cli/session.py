@@ -99,13 +99,10 @@ def exit_for(snap: RunSnapshot, run_id: str, args: argparse.Namespace) -> int:
                 print(f"flowkernel: {n} waits for a reply: flowkernel reply {run_id} --to {w.runId} 'ANSWER'{again}",
                       file=sys.stderr)
         elif snap.budgetPause is not None:
-            from flowkernel.budgets import money, suggested_budget
+            from flowkernel.budgets import pause_hint
 
-            b = snap.budgetPause
-            whose = f"node {b.nodeId} of run {run_id}" if b.nodeId else f"run {run_id}"
-            more = money(suggested_budget(b.costUsd, b.limitUsd), sign=False)
-            print(f"flowkernel: paused: {whose} has spent {money(b.costUsd)} of its {money(b.limitUsd)} budget; "
-                  f"raise it and continue with: flowkernel resume {run_id} --budget {more}{again}", file=sys.stderr)
+            what, command = pause_hint(run_id, snap.budgetPause)
+            print(f"flowkernel: paused: {what}; raise it and continue with: {command}{again}", file=sys.stderr)
         else:
             print(f"flowkernel: paused; continue with: flowkernel resume {run_id}{again}", file=sys.stderr)
         return EXIT_STOPPED
