@@ -125,6 +125,16 @@ class _Refused(Exception):
         self.outcome = outcome
 
 
+class _Ready(NamedTuple):
+    """A run about to execute under a lease: what ``Kernel._execute`` takes."""
+
+    flow: CompiledFlow
+    snap: RunSnapshot
+    drafts: list[BaseEvent]
+    checkpoint_size: int
+    services: dict[str, Any]
+
+
 class _Created(NamedTuple):
     """A run just stored: its id, its ``flow:start``, its snapshot and the size of its checkpoint."""
 
@@ -443,35 +453,49 @@ class Kernel:
         """
         lease = lease or self._acquire(run_id)
         try:
-            flow = self.flow_of(run_id)
-            record = self.store.get_run(run_id)
-            services = self._prepare(record)
-            if record.status == "queued":
-                if before is not None:  # resume, retry, continue: none applies to a run not started
-                    self._refuse_queued(record)
-                created = self._start(flow, record, lease)
-                if on_event is not None:
-                    on_event(created.first)
-                snap, checkpoint_size = created.snapshot, created.checkpoint_size
-            else:
-                snap = self.snapshot(run_id)
-                checkpoint = self.store.read_checkpoint(run_id)
-                checkpoint_size = len(checkpoint[1]) if checkpoint else 0
-            drafts = list(first or [])
-            if before is not None:
-                try:
-                    drafts = before(snap) + drafts
-                except _Refused as refused:
-                    self._append_now(snap, [refused.outcome.record], lease)
-                    _raise_if_refused(refused.outcome)
-            idle = snap.status != "running" and not drafts  # stopped, and nothing asks it to go on
+            ready = self._ready(run_id, lease, on_event, first, before)
         except BaseException:
             self.store.release_lease(run_id, lease)
             raise
-        if idle:
-            self.store.release_lease(run_id, lease)
+        return await self._go(ready, lease, on_event, on_execution)
+
+    def _ready(self, run_id: str, lease: Lease, on_event: EventListener | None, first: list[BaseEvent] | None,
+               before: Callable[[RunSnapshot], list[BaseEvent]] | None) -> _Ready | RunSnapshot:
+        """Everything ``execute`` does under the lease before the run executes (a queued run is started);
+        the snapshot alone when the run is stopped and nothing asks it to go on. The caller releases the
+        lease if this raises."""
+        record = self.store.get_run(run_id)
+        services = self._prepare(record)  # first: the run's plugins may register what its flow uses
+        flow = self.flow_of(run_id)
+        if record.status == "queued":
+            if before is not None:  # resume, retry, continue: none applies to a run not started
+                self._refuse_queued(record)
+            created = self._start(flow, record, lease)
+            if on_event is not None:
+                on_event(created.first)
+            snap, checkpoint_size = created.snapshot, created.checkpoint_size
+        else:
+            snap = self.snapshot(run_id)
+            checkpoint = self.store.read_checkpoint(run_id)
+            checkpoint_size = len(checkpoint[1]) if checkpoint else 0
+        drafts = list(first or [])
+        if before is not None:
+            try:
+                drafts = before(snap) + drafts
+            except _Refused as refused:
+                self._append_now(snap, [refused.outcome.record], lease)
+                _raise_if_refused(refused.outcome)
+        if snap.status != "running" and not drafts:
             return snap
-        return await self._execute(flow, snap, drafts, on_event, checkpoint_size, lease, services, on_execution)
+        return _Ready(flow, snap, drafts, checkpoint_size, services)
+
+    async def _go(self, ready: _Ready | RunSnapshot, lease: Lease, on_event: EventListener | None,
+                  on_execution: Callable[[RunExecution], None] | None) -> RunSnapshot:
+        if isinstance(ready, RunSnapshot):  # stopped, and nothing asks it to go on
+            self.store.release_lease(ready.runId, lease)
+            return ready
+        return await self._execute(ready.flow, ready.snap, ready.drafts, on_event, ready.checkpoint_size, lease,
+                                   ready.services, on_execution)
 
     @staticmethod
     def _refuse_queued(record: RunRecord) -> None:
@@ -484,12 +508,56 @@ class Kernel:
         whose executor is gone with node runs in flight is resumed exactly as ``resume`` would (they
         run again, told "continue"); one left with nothing in flight (handed over, or handed back to
         the pool after a reply) simply continues."""
-        record = self.store.get_run(run_id)
-        before = None
-        if record.status != "queued" and _interrupted(self.snapshot(run_id)):
-            cmd = Command(kind="resume", content="continue")
-            before = self._judged(run_id, cmd, lambda snap: FlowResumed(message="continue"))
-        return await self.execute(run_id, on_event=on_event, lease=lease, on_execution=on_execution, before=before)
+        try:
+            before = None
+            if self.store.get_run(run_id).status != "queued":
+                before = self._resume_interrupted(run_id)
+            ready = self._ready(run_id, lease, on_event, None, before)
+        except (StoreError, LeaseLostError, RunBusyError):
+            # Passing faults: the run stays as it was for a worker to claim again (after a pause).
+            with contextlib.suppress(FlowkernelError):
+                self.store.release_lease(run_id, lease)
+            raise
+        except Exception as exc:
+            try:
+                failure = self._fail_to_start(run_id, exc, lease)
+            finally:
+                with contextlib.suppress(FlowkernelError):
+                    self.store.release_lease(run_id, lease)
+            raise failure from None
+        except BaseException:
+            with contextlib.suppress(FlowkernelError):
+                self.store.release_lease(run_id, lease)
+            raise
+        return await self._go(ready, lease, on_event, on_execution)
+
+    def _resume_interrupted(self, run_id: str) -> Callable[[RunSnapshot], list[BaseEvent]]:
+        """``recover``'s first events: a resume when node runs were in flight as the executor went away."""
+        resume = self._judged(run_id, Command(kind="resume", content="continue"),
+                             lambda snap: FlowResumed(message="continue"))
+        return lambda snap: resume(snap) if _interrupted(snap) else []
+
+    def _fail_to_start(self, run_id: str, exc: Exception, lease: Lease) -> FlowkernelError:
+        """A worker claimed ``run_id`` but cannot execute it here (a setting it cannot provide, a flow it
+        cannot load, a kernel error): end the run ``failed`` with the reason, so that it is not claimed
+        again and again, and say what continues it once that is fixed. A queued run's log is started
+        first (``flow:start``, then ``flow:complete``), as an abort of a queued run does."""
+        what = str(exc) if isinstance(exc, FlowkernelError) else f"internal error: {type(exc).__name__}: {exc}"
+        what = " ".join(what.split())[:1000]  # one line, bounded
+        reason = (f"worker {self.owner} cannot execute the run: {what}; once that is fixed, "
+                  f"`flowkernel retry {run_id}` continues it")
+        try:
+            snap = self.snapshot(run_id)
+            if snap.status == "queued":
+                snap = self._start(self.flow_of(run_id), self.store.get_run(run_id), lease).snapshot
+            if snap.status != "running":
+                return KernelFault(f"run {run_id} cannot be executed here: {what}")
+            self._append_now(snap, [FlowComplete(status="failed", error=reason)], lease)
+        except FlowkernelError as record_exc:
+            kind = StoreError if isinstance(record_exc, StoreError) else KernelFault
+            return kind(f"run {run_id} cannot be executed here ({what}), and it could not be marked failed: "
+                        f"{record_exc}")
+        return KernelFault(f"run {run_id} failed: {reason}")
 
     def hand_to_pool(self, run_id: str, before: Callable[[RunSnapshot], list[BaseEvent]]) -> RunSnapshot:
         """Continue a stopped pooled run through the workers instead of in this process: append the

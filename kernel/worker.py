@@ -45,6 +45,10 @@ DEFAULT_GRACE_S = 30.0
 STEP_GRACE_S = 5.0
 POLL_S = 0.1  # stores without notifications: how often an idle worker looks for work
 FALLBACK_POLL_S = 0.25  # with LISTEN/NOTIFY: the poll that catches dead workers, expired leases, lost notifications
+# After a claim or a run that failed for a reason the run's log could not take (the store unreachable), the
+# next claim waits: FIRST_BACKOFF_S, doubled with each such fault in a row, at most MAX_BACKOFF_S.
+FIRST_BACKOFF_S = 0.1
+MAX_BACKOFF_S = 5.0
 
 
 def live_workers(kernel: Kernel, now: int | None = None) -> list[WorkerRecord]:
@@ -75,6 +79,7 @@ class Worker:
         self._step_stop = False  # the grace has ended: cooperative node runs stop at their step boundary
         self._cancel_all = False  # and then everything left is cancelled
         self.started = 0  # runs claimed since the worker started (for tests and the benchmark)
+        self._faults = 0  # claims and runs in a row that failed without the run recording why
 
     @property
     def id(self) -> str:
@@ -138,6 +143,10 @@ class Worker:
 
     async def _claim_loop(self, tg: anyio.abc.TaskGroup, poll_s: float) -> None:
         while not self._stopping:
+            if self._faults:
+                await self._back_off()
+                if self._stopping:
+                    break
             self._wake = anyio.Event()
             free = self.concurrency - len(self._claimed)
             if free > 0:
@@ -146,7 +155,10 @@ class Worker:
                                                           dead=self._dead_owners())
                 except FlowkernelError as exc:
                     self._log(f"flowkernel worker: cannot claim runs: {exc}")
-                    claims = []
+                    self._faults += 1
+                    continue
+                if not claims:
+                    self._faults = 0
                 for claim in claims:
                     self._claimed[claim.runId] = claim
                     self.started += 1
@@ -154,6 +166,16 @@ class Worker:
                 if len(claims) == free:
                     continue  # there may be more: claim again before waiting
             with anyio.move_on_after(poll_s):
+                await self._wake.wait()
+
+    async def _back_off(self) -> None:
+        """Wait before claiming again after faults in a row (stop() cuts it short): a run that cannot be
+        executed here for a passing reason stays claimable, and is not claimed again and again meanwhile."""
+        delay = min(MAX_BACKOFF_S, FIRST_BACKOFF_S * 2 ** (self._faults - 1))
+        deadline = anyio.current_time() + delay
+        while not self._stopping and anyio.current_time() < deadline:
+            self._wake = anyio.Event()
+            with anyio.move_on_after(deadline - anyio.current_time()):
                 await self._wake.wait()
 
     def _dead_owners(self) -> list[str]:
@@ -171,8 +193,12 @@ class Worker:
         except LeaseLostError as exc:
             self._log(f"flowkernel worker: {exc}")
         except FlowkernelError as exc:
+            # Recorded in the run (it ended failed, saying why) or not (the store is unreachable): either
+            # way the next claim waits a little, longer with each such run in a row.
+            self._faults += 1
             self._log(f"flowkernel worker: run {claim.runId}: {exc}")
         except Exception as exc:  # a bug in a node type or the kernel must not take the worker down
+            self._faults += 1
             self._log(f"flowkernel worker: run {claim.runId} stopped by an unexpected error: {exc!r}")
         finally:
             self._claimed.pop(claim.runId, None)
@@ -180,6 +206,7 @@ class Worker:
 
     def _watch(self, execution: RunExecution) -> None:
         """Called as each claimed run starts executing: a worker that is stopping hands it over at once."""
+        self._faults = 0
         if self._stopping:
             execution.hand_over()
             if self._step_stop:
@@ -204,13 +231,19 @@ class Worker:
                 self._log(f"flowkernel worker: heartbeat failed: {exc}")
 
     async def _listen(self, listener: Any) -> None:
+        lost = 0  # failed attempts in a row: said once, retried less and less often, said again when back
         while True:
             try:
                 got = await anyio.to_thread.run_sync(listener.wait, FALLBACK_POLL_S, abandon_on_cancel=True)
             except FlowkernelError as exc:
-                self._log(f"flowkernel worker: lost the notification connection ({exc}); polling meanwhile")
-                await anyio.sleep(FALLBACK_POLL_S)
+                if not lost:
+                    self._log(f"flowkernel worker: lost the notification connection ({exc}); polling meanwhile")
+                lost += 1
+                await anyio.sleep(min(MAX_BACKOFF_S, FALLBACK_POLL_S * 2 ** (lost - 1)))
                 continue
+            if lost:
+                self._log("flowkernel worker: notification connection back")
+                lost = 0
             if got:
                 self._wake.set()
 
