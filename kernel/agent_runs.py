@@ -34,13 +34,14 @@ from flowkernel.events import (
     FlowPaused,
     FlowResumed,
     FlowStart,
+    FlowUpdated,
     LoopIterate,
     NodeComplete,
     NodeError,
     NodeStart,
     NodeWaiting,
 )
-from flowkernel.reducer import apply, initial_snapshot, own
+from flowkernel.reducer import FlowLookup, apply, initial_snapshot, own
 from flowkernel.snapshot import RunSnapshot
 from flowkernel.store.base import AgentRun, Store
 
@@ -76,6 +77,11 @@ class AgentRunFold:
         self._reset_sets = flow.reset_sets
         self.rows: dict[str, AgentRun] = {r.agentRunId: r for r in rows}
         self._dirty: set[str] = set()
+
+    def follow(self, flow: CompiledFlow) -> None:
+        """From here on the run follows ``flow`` (a ``flow:updated``)."""
+        self.agent_nodes = frozenset(n for n, node in flow.nodes.items() if node.type in AGENT_NODE_TYPES)
+        self._reset_sets = flow.reset_sets
 
     @classmethod
     def for_run(cls, flow: CompiledFlow, snap: RunSnapshot, store: Store) -> AgentRunFold | None:
@@ -164,13 +170,20 @@ class AgentRunFold:
         return [msgspec.structs.replace(r, usage=dict(r.usage)) for r in out]
 
 
-def fold_agent_runs(flow: CompiledFlow, events: Sequence[BaseEvent]) -> list[AgentRun]:
-    """Every agent run of a run, from its whole log, in the order they started: what the table holds."""
+def fold_agent_runs(flow: CompiledFlow, events: Sequence[BaseEvent], *,
+                    flows: FlowLookup | None = None) -> list[AgentRun]:
+    """Every agent run of a run, from its whole log, in the order they started: what the table holds.
+    ``flow`` and ``flows`` as for ``flowkernel.reducer.fold``."""
     if not events:
         return []
     fold = AgentRunFold(flow, events[0].flowRunId, None)
     snap: RunSnapshot | None = None
     for ev in events:
+        if isinstance(ev, FlowUpdated):
+            if flows is None:
+                raise ValueError(f"event {ev.seq} is flow:updated: folding it needs the flows lookup")
+            flow = flows(ev.toHash)
+            fold.follow(flow)
         fold.apply(snap, ev)  # before the reducer: it changes the snapshot's maps in place
         if snap is None:
             snap = own(initial_snapshot(flow, ev)) if isinstance(ev, FlowStart) else None

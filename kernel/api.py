@@ -29,6 +29,7 @@ from flowkernel.compiler import CompiledFlow, compile_flow, load_flow
 from flowkernel.errors import (
     CommandRejectedError,
     FlowkernelError,
+    FlowUpdateError,
     InvalidInputError,
     KernelFault,
     LeaseLostError,
@@ -44,13 +45,14 @@ from flowkernel.events import (
     FlowPaused,
     FlowResumed,
     FlowStart,
+    FlowUpdated,
     decode,
     encode,
     encoder,
 )
 from flowkernel.ids import new_run_id, now_ms
 from flowkernel.offload import limits_from_env
-from flowkernel.reducer import fold, initial_snapshot
+from flowkernel.reducer import FlowLookup, fold, initial_snapshot
 from flowkernel.registry import Registry, default_registry
 from flowkernel.runner import COMMAND_POLL_S, EventListener, RunExecution
 from flowkernel.settings import RunSettings, check_fixtures, import_plugins
@@ -182,17 +184,39 @@ class Kernel:
                             trusted=trusted, functions=reg.functions, tools=reg.tools)
 
     def flow_of(self, run_id: str) -> CompiledFlow:
+        """The flow the run follows now (the last one a ``flow:updated`` switched it to, if any)."""
         record = self.store.get_run(run_id)
-        cached = self._flows.get(record.flowHash)
+        return self.stored_flow(record.flowHash, record)
+
+    def stored_flow(self, flow_hash: str, record: RunRecord) -> CompiledFlow:
+        """The flow stored under ``flow_hash``, compiled; ``record``: the run it is for (where its file is)."""
+        cached = self._flows.get(flow_hash)
         if cached is not None:
             return cached
-        document = json.loads(self.store.get_flow(record.flowHash))
+        document = json.loads(self.store.get_flow(flow_hash))
         source = record.flowSource or f"<flow {record.flowName}>"
         base = Path(record.flowSource).parent if record.flowSource else None
         # The hash matched when it was stored, and it was validated then: compile without re-checking.
         flow = self.compile(document, source=source, base_dir=base, trusted=True)
-        self._flows[record.flowHash] = flow
+        self._flows[flow_hash] = flow
         return flow
+
+    def flows_of(self, record: RunRecord) -> FlowLookup:
+        """The lookup a fold of ``record``'s run switches flows with (``flow:updated``)."""
+        return lambda flow_hash: self.stored_flow(flow_hash, record)
+
+    def flow_for_run(self, run_id: str, source: str | Path | dict[str, Any]) -> CompiledFlow:
+        """A flow to continue ``run_id`` on (``resume``/``retry`` with ``flow=``): a flow file's path or a
+        flow document, validated with the plugins the run executes with loaded first (their functions
+        and tools are names the flow may use)."""
+        record = self.store.get_run(run_id)
+        settings = RunSettings.from_json(record.settings).overridden_by(self.settings)
+        import_plugins(run_id, settings)
+        if settings.plugins and self.registry is not default_registry():
+            self._adopt_plugins()
+        if isinstance(source, dict):
+            return self.compile(source, source="flowDocument")
+        return self.load_flow(source)
 
     @staticmethod
     def check_input(flow: CompiledFlow, value: Any) -> None:
@@ -307,15 +331,17 @@ class Kernel:
         snapshot it will start from, with status ``queued`` and seq 0."""
         if at is not None:
             self.check_seq(run_id, at)
-        flow = self.flow_of(run_id)
+        record = self.store.get_run(run_id)
+        flows = self.flows_of(record)
         checkpoint = load_checkpoint(self.store, run_id, at_most=at)
         if checkpoint is None:
             events = self.events(run_id, until=at)
             if not events:
-                return self._queued_snapshot(flow, self.store.get_run(run_id))
-            return fold(flow, events)
+                return self._queued_snapshot(self.flow_of(run_id), record)
+            # Folded from the flow the run started with: a later flow:updated switches it.
+            return fold(flows(getattr(events[0], "flowHash", record.flowHash)), events, flows=flows)
         seq, snap = checkpoint
-        return fold(flow, self.events(run_id, after=seq, until=at), snap)
+        return fold(flows(snap.flowHash), self.events(run_id, after=seq, until=at), snap, flows=flows)
 
     def check_seq(self, run_id: str, at: int) -> None:
         """Raise InvalidInputError unless ``at`` is the seq of one of the run's events."""
@@ -478,6 +504,7 @@ class Kernel:
             snap = self.snapshot(run_id)
             checkpoint = self.store.read_checkpoint(run_id)
             checkpoint_size = len(checkpoint[1]) if checkpoint else 0
+            flow = self._follow_flow(snap, record)
         drafts = list(first or [])
         if before is not None:
             try:
@@ -485,6 +512,16 @@ class Kernel:
             except _Refused as refused:
                 self._append_now(snap, [refused.outcome.record], lease)
                 _raise_if_refused(refused.outcome)
+        updated = next((i for i, d in enumerate(drafts) if isinstance(d, FlowUpdated)), None)
+        if updated is not None:
+            # The runner executes one flow: the switch to the new one is committed before it starts.
+            seq = snap.seq
+            snap = self._append_now(snap, drafts[:updated + 1], lease)
+            drafts = drafts[updated + 1:]
+            if on_event is not None:
+                for ev in self.events(run_id, after=seq):
+                    on_event(ev)
+            flow = self._follow_flow(snap, self.store.get_run(run_id))
         if snap.status != "running" and not drafts:
             return snap
         return _Ready(flow, snap, drafts, checkpoint_size, services)
@@ -575,9 +612,20 @@ class Kernel:
                 _raise_if_refused(refused.outcome)
             if not drafts:
                 return snap
-            return self._append_now(snap, drafts, lease, release=True)
+            snap = self._append_now(snap, drafts, lease, release=True)
+            self._follow_flow(snap, self.store.get_run(run_id))
+            return snap
         finally:
             self.store.release_lease(run_id, lease)
+
+    def _follow_flow(self, snap: RunSnapshot, record: RunRecord) -> CompiledFlow:
+        """The flow ``snap`` follows; the run row is made to name it too, if it does not yet (right
+        after a ``flow:updated``, or when a crash came between that commit and this)."""
+        flow = self.stored_flow(snap.flowHash, record)
+        if record.flowHash != snap.flowHash:
+            source = str(Path(flow.source).resolve()) if flow.base_dir else record.flowSource
+            self.store.update_run_flow(record.runId, flow.hash, flow.name, flow.canonical, source)
+        return flow
 
     def _prepare(self, record: RunRecord) -> dict[str, Any]:
         """The services to execute ``record``'s run with: its settings, with this kernel's replacing what
@@ -806,45 +854,65 @@ class Kernel:
 
     async def resume(self, run_id: str, message: str | None = "continue", *,
                      on_event: EventListener | None = None, queue: bool = False,
-                     budget: float | None = None) -> RunSnapshot:
+                     budget: float | None = None, flow: CompiledFlow | None = None) -> RunSnapshot:
         """Continue a paused, waiting, interrupted or failed run; ``message`` goes to every interrupted node
         run, and on a failed run to every failed node it runs again (a failed agent takes it as the next
         user turn of its conversation). ``budget``: the new limit in USD for what paused the run for its
         budget (a node's ``policy.maxCostUsd``), or else for the run's ``budget.maxCostUsd``; recorded in
         ``flow:resumed``. With ``queue``, a worker continues it (``hand_to_pool``); the snapshot after the
-        resume returns."""
+        resume returns. ``flow``: continue on this flow instead (see ``flowkernel.flow_update``;
+        ``FlowUpdateError`` lists why it cannot be, and nothing is recorded then)."""
         cmd = Command(kind="resume", content=message, budget=budget)
         # (a budget that is not a positive number is refused by the judge before this is appended)
         usd = float(budget) if isinstance(budget, int | float) and not isinstance(budget, bool) else None
         before = self._judged(run_id, cmd, lambda snap: FlowResumed(message=message, budgetUsd=usd,
-                                                                    retry=snap.status == "failed"))
+                                                                    retry=snap.status == "failed"), flow)
         if queue:
             return self.hand_to_pool(run_id, before)
         return await self.execute(run_id, on_event=on_event, before=before)
 
     async def retry(self, run_id: str, *, message: str | None = None, on_event: EventListener | None = None,
-                    queue: bool = False) -> RunSnapshot:
+                    queue: bool = False, flow: CompiledFlow | None = None) -> RunSnapshot:
         """Re-run the failed nodes of a failed run (fresh attempts; the history stays); ``message`` goes to
-        every interrupted node run, as for resume; ``queue`` as for resume."""
+        every interrupted node run, as for resume; ``queue`` and ``flow`` as for resume."""
         cmd = Command(kind="retry")
-        before = self._judged(run_id, cmd, lambda snap: FlowResumed(message=message, retry=True))
+        before = self._judged(run_id, cmd, lambda snap: FlowResumed(message=message, retry=True), flow)
         if queue:
             return self.hand_to_pool(run_id, before)
         return await self.execute(run_id, on_event=on_event, before=before)
 
-    def _judged(self, run_id: str, cmd: Command,
-                then: Callable[[RunSnapshot], BaseEvent]) -> Callable[[RunSnapshot], list[BaseEvent]]:
+    def _judged(self, run_id: str, cmd: Command, then: Callable[[RunSnapshot], BaseEvent],
+                update: CompiledFlow | None = None) -> Callable[[RunSnapshot], list[BaseEvent]]:
         def before(snap: RunSnapshot) -> list[BaseEvent]:
-            flow = self.flow_of(run_id)
+            current = self.stored_flow(snap.flowHash, self.store.get_run(run_id))
             below = 0.0
-            if cmd.kind == "resume" and (run_limit(flow, snap) is not None or cmd.budget is not None):
+            if cmd.kind == "resume" and (run_limit(current, snap) is not None or cmd.budget is not None):
                 totals = self.store.descendant_totals([run_id]).get(run_id)
                 below = totals.totalCostUsd if totals is not None else 0.0
-            outcome = judge_command(flow, snap, cmd, executing=False, below=below)
+            outcome = judge_command(current, snap, cmd, executing=False, below=below)
             if not outcome.accepted:
                 raise _Refused(outcome)  # recorded by ``execute``, under the lease it holds
-            return [outcome.record, then(snap)]
+            if update is None or update.hash == current.hash:
+                return [outcome.record, then(snap)]
+            self._check_update(current, update, snap)
+            # Stored before the event that names it, so that no reader folds a flow:updated it cannot follow.
+            self.store.put_flow(update.hash, update.name, update.canonical)
+            self._flows[update.hash] = update
+            return [outcome.record, FlowUpdated(fromHash=current.hash, toHash=update.hash), then(snap)]
         return before
+
+    def _check_update(self, current: CompiledFlow, update: CompiledFlow, snap: RunSnapshot) -> None:
+        """Raise FlowUpdateError, listing every problem, unless the run in ``snap`` can follow ``update``."""
+        from flowkernel.flow_update import incompatibilities
+
+        problems = incompatibilities(current, update, snap)
+        try:
+            self.check_input(update, snap.input)
+        except RunInputError as exc:
+            problems += [f"the run's {where} does not match the new flow's `inputs`: {message}"
+                         for where, message in exc.problems]
+        if problems:
+            raise FlowUpdateError(snap.runId, update.source, problems)
 
     async def command(self, run_id: str, cmd: Command, *, timeout_s: float = 10.0) -> CommandOutcome:
         """Issue a command to a run. If this process executes it, it is delivered directly; if another
@@ -903,7 +971,8 @@ class Kernel:
                     release: bool = False) -> RunSnapshot:
         from flowkernel.reducer import apply
 
-        flow = self.flow_of(snap.runId)
+        record = self.store.get_run(snap.runId)
+        flow = self.stored_flow(snap.flowHash, record)
         agents = AgentRunFold.for_run(flow, snap, self.store)
         rows: list[EventRow] = []
         for d in drafts:
@@ -912,6 +981,10 @@ class Kernel:
             d.flowRunId = snap.runId
             body = encode(d)
             ev = decode(body)
+            if isinstance(ev, FlowUpdated):
+                flow = self.stored_flow(ev.toHash, record)
+                if agents is not None:
+                    agents.follow(flow)
             if agents is not None:
                 agents.apply(snap, ev)
             snap, _ = apply(flow, snap, ev)

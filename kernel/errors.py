@@ -86,6 +86,18 @@ class CommandRejectedError(InvalidInputError):
         self.invalid = invalid
 
 
+class FlowUpdateError(InvalidInputError):
+    """A run cannot continue on an updated flow (``resume``/``retry --flow``); ``problems`` lists every
+    reason, one line each. Nothing was recorded."""
+
+    def __init__(self, run_id: str, source: str, problems: list[str]) -> None:
+        noun = "problem" if len(problems) == 1 else "problems"
+        lines = [f"run {run_id} cannot continue on {source}: {len(problems)} {noun} (nothing was recorded)"]
+        super().__init__("\n".join(lines + [f"  {p}" for p in problems]))
+        self.run_id = run_id
+        self.problems = problems
+
+
 class RunBusyError(FlowkernelError):
     """Another process holds the lease of the run."""
 

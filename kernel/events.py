@@ -62,6 +62,14 @@ class FlowComplete(BaseEvent, tag="flow:complete"):
     error: str | None = None
 
 
+class FlowUpdated(BaseEvent, tag="flow:updated"):
+    """From here on the run follows another flow (``resume``/``retry --flow``), stored under ``toHash``.
+    Every event after it is folded with that flow."""
+
+    fromHash: str
+    toHash: str
+
+
 # --- nodes ---------------------------------------------------------------------------------
 
 # ``attempt`` and ``durationMs`` are always written (DESIGN §4), though ``omit_defaults`` leaves out
@@ -231,7 +239,7 @@ class AgentComplete(BaseEvent, tag="agent:complete"):
 
 
 Event = (
-    FlowStart | FlowPaused | FlowResumed | FlowWaiting | FlowComplete
+    FlowStart | FlowPaused | FlowResumed | FlowWaiting | FlowComplete | FlowUpdated
     | NodeStart | NodeComplete | NodeError | NodeSkipped | NodeWaiting
     | EdgeFire | EdgeSkip | LoopIterate | LoopExhausted | StatePatch | CommandReceived | InboxConsumed
     | AgentStart | AgentThinkingDelta | AgentTextDelta | AgentThinking | AgentText | AgentTool

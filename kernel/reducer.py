@@ -8,11 +8,15 @@ no random ids: ids and timestamps arrive in the event. Folding a run's stored ev
 ``apply(..., owned=True)`` changes the snapshot's own maps in place instead, for a caller that holds
 the only reference to them (the run shell): copying a 1,000-entry status map on every event would
 make a step cost in proportion to the flow's size. Both modes give equal snapshots.
+
+A run may switch flows midway (``flow:updated``, from ``resume``/``retry --flow``): ``apply`` always
+takes the flow in effect *after* the event, which for ``flow:updated`` is the new one, and ``fold``
+looks that flow up by its hash (``flows``) and folds every later event with it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from flowkernel.budgets import budget_key
@@ -29,6 +33,7 @@ from flowkernel.events import (
     FlowPaused,
     FlowResumed,
     FlowStart,
+    FlowUpdated,
     FlowWaiting,
     InboxConsumed,
     LoopExhausted,
@@ -54,6 +59,9 @@ from msgspec.structs import replace
 
 ALL: frozenset[str] = frozenset({"*"})  # "every node may be affected"
 
+# The compiled flow stored under a hash: how a fold finds the flow a ``flow:updated`` switches to.
+FlowLookup = Callable[[str], CompiledFlow]
+
 
 def initial_snapshot(flow: CompiledFlow, start: FlowStart) -> RunSnapshot:
     """The snapshot right after ``flow:start``."""
@@ -66,13 +74,20 @@ def initial_snapshot(flow: CompiledFlow, start: FlowStart) -> RunSnapshot:
     )
 
 
-def fold(flow: CompiledFlow, events: Iterable[BaseEvent], snapshot: RunSnapshot | None = None) -> RunSnapshot:
+def fold(flow: CompiledFlow, events: Iterable[BaseEvent], snapshot: RunSnapshot | None = None, *,
+         flows: FlowLookup | None = None) -> RunSnapshot:
     """Fold events into a snapshot; starts from ``flow:start`` when ``snapshot`` is None.
 
-    ``snapshot`` is left as it is: the fold works on a copy of its maps.
+    ``flow`` is the flow in effect at the start (the one of ``flow:start``, or of ``snapshot``:
+    its ``flowHash``); ``flows`` finds the flow a ``flow:updated`` switches to (needed only if one
+    is among ``events``). ``snapshot`` is left as it is: the fold works on a copy of its maps.
     """
     snap = None if snapshot is None else own(snapshot)
     for ev in events:
+        if type(ev) is FlowUpdated:
+            if flows is None:
+                raise ValueError(f"event {ev.seq} is flow:updated: folding it needs the flows lookup")
+            flow = flows(ev.toHash)
         if snap is None:
             if not isinstance(ev, FlowStart):
                 raise ValueError(f"a run's first event must be flow:start, not {ev.type}")
@@ -100,6 +115,8 @@ def own(snap: RunSnapshot) -> RunSnapshot:
 def apply(flow: CompiledFlow, snap: RunSnapshot, ev: BaseEvent, *,
           owned: bool = False) -> tuple[RunSnapshot, frozenset[str]]:
     """The next snapshot, and the node ids whose scheduling may have changed (``ALL`` for all).
+
+    ``flow``: the run's flow as of ``ev`` (for ``flow:updated``, the flow it switches to).
 
     ``owned``: the caller holds the only reference to ``snap``'s maps, so they may be changed in
     place (``snap`` itself must not be used afterwards).
@@ -373,6 +390,20 @@ def _flow_resumed(flow: CompiledFlow, s: RunSnapshot, ev: FlowResumed, o: bool) 
                    costLimits=limits, budgetPause=None), ALL
 
 
+def _flow_updated(flow: CompiledFlow, s: RunSnapshot, ev: FlowUpdated, o: bool) -> tuple[RunSnapshot, frozenset[str]]:
+    """``flow`` is the new flow. Nodes and edges it adds are pending (the scheduler then decides the new
+    edges out of nodes that have finished, as events); those it drops had never run nor been decided
+    (``flowkernel.flow_update`` refuses any other update), so nothing of them is lost."""
+    node_status = {n: s.nodeStatus.get(n, "pending") for n in flow.nodes}
+    edge_status = {e: s.edgeStatus.get(e, "pending") for e in flow.edges}
+    nodes = flow.nodes
+    return replace(
+        s, seq=ev.seq, flowHash=ev.toHash, nodeStatus=node_status, edgeStatus=edge_status,
+        forEach={n: fe for n, fe in s.forEach.items() if n in nodes},
+        loopCounters={e: c for e, c in s.loopCounters.items() if e in flow.edges},
+    ), ALL
+
+
 def _agent_start(flow: CompiledFlow, s: RunSnapshot, ev: AgentStart, o: bool) -> tuple[RunSnapshot, frozenset[str]]:
     return replace(s, seq=ev.seq, agentSessions=_set(o, s.agentSessions, ev.nodeId or "", ev.sessionId)), frozenset()
 
@@ -392,7 +423,7 @@ def _flow_start(flow: CompiledFlow, s: RunSnapshot, ev: FlowStart, o: bool) -> t
 
 _HANDLERS: dict[type[BaseEvent], Any] = {
     FlowStart: _flow_start, FlowPaused: _flow_paused, FlowResumed: _flow_resumed, FlowWaiting: _flow_waiting,
-    FlowComplete: _flow_complete, NodeStart: _node_start, NodeComplete: _node_complete, NodeError: _node_error,
+    FlowComplete: _flow_complete, FlowUpdated: _flow_updated, NodeStart: _node_start, NodeComplete: _node_complete, NodeError: _node_error,
     NodeSkipped: _node_skipped, NodeWaiting: _node_waiting, EdgeFire: _edge_fire, EdgeSkip: _edge_skip,
     LoopIterate: _loop_iterate, LoopExhausted: _loop_exhausted, StatePatch: _state_patch,
     CommandReceived: _command, InboxConsumed: _inbox_consumed, AgentStart: _agent_start,

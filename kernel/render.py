@@ -319,7 +319,8 @@ def show_snapshot(record: RunRecord, snap: RunSnapshot, out: TextIO, summary: Ru
     status = snap.status
     if not live and status == "running":
         status = f"interrupted (stored as running; no process executes it: flowkernel resume {snap.runId}{again})"
-    out.write(f"run      {record.runId}\nflow     {record.flowName}  ({record.flowHash[:19]}…)\n")
+    # The snapshot's flow: the one the run followed at the seq shown (a later flow:updated changed the row's).
+    out.write(f"run      {record.runId}\nflow     {record.flowName}  ({snap.flowHash[:19]}…)\n")
     out.write(f"status   {status}" + (f"  error: {snap.error}" if snap.error else "") + "\n")
     if snap.status == "paused" and snap.budgetPause is not None:
         from flowkernel.budgets import pause_hint

@@ -247,23 +247,25 @@ def create_fork(kernel: Kernel, run_id: str, at: int, *, input: dict[str, Any] |
     """
     kernel.check_seq(run_id, at)
     record = kernel.store.get_run(run_id)
-    flow = kernel.flow_of(run_id)
+    flow = kernel.flow_of(run_id)  # a fired edge keeps its kind through an update: the current flow tells
+    flows = kernel.flows_of(record)
     events = kernel.events(run_id, until=at + 1)
     if len(events) > at and _loop_fire(flow, events[at - 1]) and isinstance(events[at], LoopIterate):
         # A loop edge's edge:fire and its loop:iterate are one transition (committed together): a
         # fork between them would have a fired loop edge that never resets its loop.
         at += 1
     events = events[:at]
+    first = events[0]
+    started = first.flowHash if isinstance(first, FlowStart) else record.flowHash
     value = record.input
     if input:
         if not isinstance(value, dict):
             raise InvalidInputError(f"fork {run_id}: the run input is not an object; --input cannot change it")
         value = {**value, **input}
-    kernel.check_input(flow, value)
     fork_id = new_run_id()
     old, new = run_id.removeprefix("run_"), fork_id.removeprefix("run_")
     start = FlowStart(seq=1, timestamp=now_ms(), flowRunId=fork_id, flowName=record.flowName,
-                      flowHash=record.flowHash, input=value, forkedFrom=run_id, forkedAt=at)
+                      flowHash=started, input=value, forkedFrom=run_id, forkedAt=at)
     rows: list[EventRow] = [(1, start.timestamp, encode(start))]
     copied: list[Event] = [decode(rows[0][2])]
     finished: set[str] = set()
@@ -276,14 +278,17 @@ def create_fork(kernel: Kernel, run_id: str, at: int, *, input: dict[str, Any] |
         rows.append((copy.seq, copy.timestamp, body))
         if isinstance(copy, NodeComplete | NodeError | NodeWaiting) and copy.runId:
             finished.add(copy.runId)
-    snap = fold(flow, copied)
+    snap = fold(flows(started), copied, flows=flows)
+    # Against the flow the run followed at ``at`` (a later flow:updated is not part of the fork's history).
+    kernel.check_input(flows(snap.flowHash), value)
     cutoff = events[-1].timestamp
-    fork_record = RunRecord(runId=fork_id, flowName=record.flowName, flowHash=record.flowHash, status=snap.status,
+    fork_record = RunRecord(runId=fork_id, flowName=record.flowName, flowHash=snap.flowHash, status=snap.status,
                             seq=snap.seq, input=value, createdAt=start.timestamp, updatedAt=start.timestamp,
                             error=snap.error, forkedFrom=run_id, forkedAt=at, flowSource=record.flowSource,
                             usage=snap.usage, totalCostUsd=snap.totalCostUsd, settings=record.settings)
     skeleton, blobs = encode_checkpoint(snap)
-    kernel.store.create_run(fork_record, rows, skeleton, blobs, agent_runs=fold_agent_runs(flow, copied))
+    kernel.store.create_run(fork_record, rows, skeleton, blobs,
+                            agent_runs=fold_agent_runs(flows(started), copied, flows=flows))
     _copy_conversations(kernel, run_id, fork_id, finished, cutoff, {e.runId for e in copied
                                                                     if isinstance(e, AgentStart) and e.runId})
     return fork_id

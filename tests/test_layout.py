@@ -17,7 +17,8 @@ CORE = {"flowkernel.budgets", "flowkernel.flow", "flowkernel.flowfile", "flowker
         "flowkernel.expression_bounds",
         "flowkernel.reducer", "flowkernel.scheduling", "flowkernel.events", "flowkernel.snapshot",
         "flowkernel.state_ops", "flowkernel.errors", "flowkernel.ids", "flowkernel.node",
-        "flowkernel.validation", "flowkernel.references", "flowkernel.jsonschemas", "flowkernel.localfiles"}
+        "flowkernel.validation", "flowkernel.references", "flowkernel.jsonschemas", "flowkernel.localfiles",
+        "flowkernel.flow_update"}
 
 
 def _modules() -> dict[str, Path]:

@@ -16,6 +16,9 @@ from flowkernel.cli.session import (
     run_async,
 )
 
+_FLOW_HELP = ("continue on this (updated) flow file: every node that has run and every edge decided must "
+              "keep its id; the run records flow:updated")
+
 
 def add_parsers(sub: Any) -> None:
     sp = sub.add_parser("resume", help="continue a paused, waiting, interrupted or failed run")
@@ -26,6 +29,7 @@ def add_parsers(sub: Any) -> None:
                     help="the new limit (US dollars) for what paused the run for its budget: a node's "
                          "policy.maxCostUsd, else the run's budget.maxCostUsd")
     sp.add_argument("--fixtures", metavar="DIR")
+    sp.add_argument("--flow", metavar="FILE", help=_FLOW_HELP)
     add_db(sp)
     add_json(sp)
     sp.set_defaults(handler=cmd_resume)
@@ -33,6 +37,7 @@ def add_parsers(sub: Any) -> None:
     sp = sub.add_parser("retry", help="re-run the failed nodes of a failed run")
     sp.add_argument("run")
     sp.add_argument("--fixtures", metavar="DIR")
+    sp.add_argument("--flow", metavar="FILE", help=_FLOW_HELP)
     add_db(sp)
     add_json(sp)
     sp.set_defaults(handler=cmd_retry)
@@ -72,14 +77,16 @@ def _usd(text: str) -> float:
 
 def cmd_resume(args: argparse.Namespace) -> int:
     with opened(args) as kernel:
-        snap = run_async(kernel.resume, args.run, args.message, budget=args.budget,
+        flow = kernel.flow_for_run(args.run, args.flow) if args.flow else None
+        snap = run_async(kernel.resume, args.run, args.message, budget=args.budget, flow=flow,
                          on_event=printer(args, lambda: kernel.events(args.run)))
         return exit_for(snap, args.run, args)
 
 
 def cmd_retry(args: argparse.Namespace) -> int:
     with opened(args) as kernel:
-        snap = run_async(kernel.retry, args.run, on_event=printer(args, lambda: kernel.events(args.run)))
+        flow = kernel.flow_for_run(args.run, args.flow) if args.flow else None
+        snap = run_async(kernel.retry, args.run, flow=flow, on_event=printer(args, lambda: kernel.events(args.run)))
         return exit_for(snap, args.run, args)
 
 

@@ -184,7 +184,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         raise InvalidInputError(f"--speed {args.speed:g}: must be 0 (no pacing) or a positive factor")
     emit = printer(args)
     with opened(args, readonly=True) as kernel:
-        flow = kernel.flow_of(args.run)
+        flows = kernel.flows_of(kernel.store.get_run(args.run))
         events = kernel.events(args.run)
         stored = kernel.snapshot(args.run)
         snap = None
@@ -194,7 +194,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
                 time.sleep(max(0.0, (ev.timestamp - previous) / 1000 / args.speed))
                 previous = ev.timestamp
             emit(ev)
-            snap = fold(flow, [ev], snap)
+            # The flow in effect so far: the run's first, or the one a flow:updated switched to.
+            flow = flows(snap.flowHash if snap is not None else getattr(ev, "flowHash", ""))
+            snap = fold(flow, [ev], snap, flows=flows)
         matches = snap == stored
         note = "matches the stored snapshot" if matches else "DIFFERS from the stored snapshot"
         print(f"flowkernel: replayed {len(events)} events; rebuilt snapshot {note}", file=sys.stderr)

@@ -33,6 +33,13 @@ Wait = Annotated[float | None, Query(ge=0, le=MAX_WAIT_S,
                                                  f"(at most {MAX_WAIT_S})")]
 
 
+def _invalid_document(exc: FlowValidationError) -> ApiProblem:
+    noun = "problem" if len(exc.problems) == 1 else "problems"
+    return ApiProblem(422, f"flowDocument: the flow has {len(exc.problems)} {noun}",
+                      errors=[("$.flowDocument" + p.path.removeprefix("$"), p.message) for p in exc.problems],
+                      kind="invalid-flow")
+
+
 def _flow_of(request: Request, body: CreateRun) -> CompiledFlow:
     if (body.flow is None) == (body.flowDocument is None):
         raise ApiProblem(422, "give either `flow` (the name of a flow this server knows) or `flowDocument`",
@@ -47,10 +54,7 @@ def _flow_of(request: Request, body: CreateRun) -> CompiledFlow:
     try:
         return kernel_of(request).compile(body.flowDocument or {}, source="<flowDocument>")
     except FlowValidationError as exc:
-        noun = "problem" if len(exc.problems) == 1 else "problems"
-        raise ApiProblem(422, f"flowDocument: the flow has {len(exc.problems)} {noun}",
-                         errors=[("$.flowDocument" + p.path.removeprefix("$"), p.message) for p in exc.problems],
-                         kind="invalid-flow") from None
+        raise _invalid_document(exc) from None
 
 
 def _enqueue(kernel: Kernel, flow: CompiledFlow, body: CreateRun) -> tuple[str, bool]:
@@ -97,27 +101,35 @@ async def create_run(request: Request, body: CreateRun, wait: Wait = None) -> Re
                          headers={"Location": f"{request.url.path}/{run_id}"})
 
 
-def _to_pool(kernel: Kernel, run_id: str, kind: str, message: str | None, budget: float | None = None) -> int:
+def _to_pool(kernel: Kernel, run_id: str, kind: str, body: Resume | Retry | None) -> int:
     """Resume or retry ``run_id`` through the workers; the seq of its accepting ``command:received``."""
     record = kernel.store.get_run(run_id)
     if not record.pooled:
         raise ApiProblem(409, f"run {run_id} was started by a `flowkernel run` process, not queued for the workers: "
                               f"continue it with `flowkernel {kind} {run_id}`", kind="not-pooled")
+    message = body.message if body is not None else None
+    budget = body.budget if isinstance(body, Resume) else None
+    flow = None
+    if body is not None and body.flowDocument is not None:
+        try:
+            flow = kernel.flow_for_run(run_id, body.flowDocument)
+        except FlowValidationError as exc:
+            raise _invalid_document(exc) from None
     if kind == "resume":
         snap = anyio.run(lambda: kernel.resume(run_id, message if message is not None else "continue", queue=True,
-                                               budget=budget))
+                                               budget=budget, flow=flow))
     else:
-        snap = anyio.run(lambda: kernel.retry(run_id, message=message, queue=True))
-    # Handed to the pool with two events: the accepting command:received, then flow:resumed.
-    return snap.seq - 1
+        snap = anyio.run(lambda: kernel.retry(run_id, message=message, queue=True, flow=flow))
+    # Handed to the pool with the accepting command:received, a flow:updated if the flow changed, then
+    # flow:resumed.
+    return snap.seq - (2 if snap.flowHash != record.flowHash else 1)
 
 
 @router.post("/runs/{runId}/resume", status_code=202, response_model=Accepted,
              summary="Continue a paused, failed or interrupted run (a worker executes it)")
 async def resume(request: Request, runId: str, body: Resume | None = None) -> Response:
     kernel = kernel_of(request)
-    seq = await anyio.to_thread.run_sync(_to_pool, kernel, runId, "resume", body.message if body else None,
-                                         body.budget if body else None)
+    seq = await anyio.to_thread.run_sync(_to_pool, kernel, runId, "resume", body)
     return json_response({"accepted": True, "seq": seq}, status=202)
 
 
@@ -125,5 +137,5 @@ async def resume(request: Request, runId: str, body: Resume | None = None) -> Re
              summary="Run the failed nodes of a failed run again (a worker executes it)")
 async def retry(request: Request, runId: str, body: Retry | None = None) -> Response:
     kernel = kernel_of(request)
-    seq = await anyio.to_thread.run_sync(_to_pool, kernel, runId, "retry", body.message if body else None)
+    seq = await anyio.to_thread.run_sync(_to_pool, kernel, runId, "retry", body)
     return json_response({"accepted": True, "seq": seq}, status=202)

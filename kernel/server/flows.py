@@ -40,7 +40,8 @@ def validate(request: Request, document: Any = Body(..., description="a flow doc
     return json_response({"valid": True})
 
 
-@router.get("/runs/{runId}/flow", response_model=dict[str, Any], summary="The flow document a run was started with")
+@router.get("/runs/{runId}/flow", response_model=dict[str, Any],
+            summary="The flow document a run follows (as started, or as its last `flow:updated` made it)")
 def run_flow(request: Request, runId: str) -> Response:
     """The flow as stored with the run (canonical JSON, the bytes ``flowHash`` is computed from): what a
     client needs to draw the run's graph, whether or not the flow is in a ``--flows`` folder."""

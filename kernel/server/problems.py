@@ -16,6 +16,7 @@ from fastapi.responses import JSONResponse
 from flowkernel.errors import (
     CommandRejectedError,
     FlowkernelError,
+    FlowUpdateError,
     FlowValidationError,
     InvalidInputError,
     RunBusyError,
@@ -70,6 +71,9 @@ def _from_flowkernel(exc: FlowkernelError) -> JSONResponse:
     if isinstance(exc, FlowValidationError):
         return problem(422, f"the flow has {len(exc.problems)} problem{'s' if len(exc.problems) != 1 else ''}",
                        errors=[(p.path, p.message) for p in exc.problems], kind="invalid-flow")
+    if isinstance(exc, FlowUpdateError):
+        return problem(422, str(exc).splitlines()[0], errors=[("$.flowDocument", p) for p in exc.problems],
+                       kind="incompatible-flow")
     if isinstance(exc, RunInputError):
         return problem(422, str(exc), errors=[("$.input" + path.removeprefix("input"), message)
                                               for path, message in exc.problems], kind="invalid-input")

@@ -97,15 +97,21 @@ class CreateRun(_Body):
     idempotencyKey: str | None = Field(None, min_length=1, max_length=200)
 
 
+_UPDATE = ("continue on this flow document instead of the run's own (`resume`/`retry --flow`): every node "
+           "that has run and every edge decided must keep its id; the run records `flow:updated`")
+
+
 class Resume(_Body):
     message: str | None = Field(None, description='delivered to every interrupted node run (default "continue")')
     budget: float | None = Field(None, gt=0, allow_inf_nan=False, description=(
         "the new limit in US dollars for what paused the run for its budget (a node's policy.maxCostUsd, "
         "else the run's budget.maxCostUsd), as `flowkernel resume RUN --budget USD`"))
+    flowDocument: dict[str, Any] | None = Field(None, description=_UPDATE)
 
 
 class Retry(_Body):
     message: str | None = Field(None, description="delivered to every interrupted node run")
+    flowDocument: dict[str, Any] | None = Field(None, description=_UPDATE)
 
 
 class Send(_Body):

@@ -12,8 +12,8 @@ from typing import Any
 
 from flowkernel.agent_runs import fold_agent_runs
 from flowkernel.checkpoint import load_checkpoint
-from flowkernel.compiler import compile_flow
-from flowkernel.events import decode
+from flowkernel.compiler import CompiledFlow, compile_flow
+from flowkernel.events import FlowStart, decode
 from flowkernel.reducer import fold
 from flowkernel.store.base import Store
 
@@ -32,23 +32,36 @@ def audit_run(store: Store, run_id: str) -> None:
     if checkpoint is None:
         return
     cp_seq, stored = checkpoint
-    flow = compile_flow(json.loads(store.get_flow(record.flowHash)), source=f"<audit {run_id}>",
-                        node_types=_AnyType())
+    compiled: dict[str, CompiledFlow] = {}
+
+    def flows(flow_hash: str) -> CompiledFlow:
+        if flow_hash not in compiled:
+            compiled[flow_hash] = compile_flow(json.loads(store.get_flow(flow_hash)), source=f"<audit {run_id}>",
+                                               node_types=_AnyType())
+        return compiled[flow_hash]
+
     events = [decode(b) for b in store.read_events(run_id, until=cp_seq)]
     seqs = [e.seq for e in events]
     if seqs != list(range(1, len(seqs) + 1)):
         raise AssertionError(f"run {run_id}: event seq is not gapless from 1: {seqs[:10]}…")
-    rebuilt = fold(flow, events)
+    # Folded from the flow the run started with; a flow:updated switches to the one it names.
+    first = events[0]
+    flow = flows(first.flowHash if isinstance(first, FlowStart) else record.flowHash)
+    rebuilt = fold(flow, events, flows=flows)
     if rebuilt != stored:
         raise AssertionError(f"run {run_id}: replaying {len(events)} events does not reproduce the stored "
                              f"snapshot at seq {cp_seq}:\n{_diff(rebuilt, stored)}")
     # The run row's usage and cost are the fold of the whole log, kept by every commit that moves them.
-    whole = fold(flow, [decode(b) for b in store.read_events(run_id, after=cp_seq)], rebuilt)
+    whole = fold(flows(rebuilt.flowHash), [decode(b) for b in store.read_events(run_id, after=cp_seq)], rebuilt,
+                 flows=flows)
+    if whole.flowHash != record.flowHash:
+        raise AssertionError(f"run {run_id}: the run row names flow {record.flowHash}, its events {whole.flowHash}")
     if _nonzero(record.usage) != _nonzero(whole.usage) or record.totalCostUsd != whole.totalCostUsd:
         raise AssertionError(f"run {run_id}: the run row says usage {record.usage} costing "
                              f"{record.totalCostUsd}, its events add up to {whole.usage} costing {whole.totalCostUsd}")
     # So are its agent runs: each row the fold of the events of its node run.
-    folded = {r.agentRunId: r for r in fold_agent_runs(flow, [decode(b) for b in store.read_events(run_id)])}
+    folded = {r.agentRunId: r for r in fold_agent_runs(flow, [decode(b) for b in store.read_events(run_id)],
+                                                       flows=flows)}
     kept = {r.agentRunId: r for _, r in store.list_agent_runs(run_id=run_id, limit=2**31)}
     if folded != kept:
         lines = [f"  agent run {k}: replayed {_brief(folded.get(k))} != stored {_brief(kept.get(k))}"
