@@ -409,10 +409,30 @@ class Kernel:
         (None at the end). Runs created meanwhile never shift a later page: keys only grow."""
         from flowkernel.summaries import summaries
 
-        records = self.store.page_runs(status=status, flow=flow, parent=parent, before=before, limit=limit + 1)
-        more = len(records) > limit
-        records = records[:limit]
-        return summaries(self.store, records, self.interrupted), (records[-1].runNo if more and records else None)
+        records, key = self.run_records(status=status, flow=flow, parent=parent, before=before, limit=limit)
+        return summaries(self.store, records, self.interrupted), key
+
+    def run_records(self, *, status: str | None = None, flow: str | None = None, parent: str | None = None,
+                    before: int | None = None, limit: int = 50) -> tuple[list[RunRecord], int | None]:
+        """The runs of ``run_page``. ``status`` is a stored status or ``interrupted`` (stored as
+        ``running``, no process executes it: see ``interrupted``); ``running`` then means the runs that
+        are executing, as their summaries say, so each run is listed under the status it shows."""
+        if status not in ("running", "interrupted"):
+            records = self.store.page_runs(status=status, flow=flow, parent=parent, before=before, limit=limit + 1)
+            return records[:limit], (records[limit - 1].runNo if len(records) > limit else None)
+        wanted = status == "interrupted"
+        chunk_size = max(limit + 1, 100)
+        out: list[RunRecord] = []
+        while True:  # told apart by their leases, not in the query: read on until the page is full
+            chunk = self.store.page_runs(status="running", flow=flow, parent=parent, before=before, limit=chunk_size)
+            for record in chunk:
+                if self.interrupted(record) == wanted:
+                    if len(out) == limit:
+                        return out, out[-1].runNo  # one more matches: there is a next page
+                    out.append(record)
+            if len(chunk) < chunk_size:
+                return out, None
+            before = chunk[-1].runNo
 
     def messages(self, *, run_id: str | None = None, flow_run_id: str | None = None,
                  session_id: str | None = None, after: int = 0, limit: int = 100, node_id: str | None = None) -> Page:

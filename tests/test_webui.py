@@ -851,4 +851,10 @@ def test_a_run_whose_process_died_is_shown_interrupted_with_how_to_continue_it(
     expect(page.get_by_role("button", name="Pause")).to_have_count(0)
     ui.goto("#/")
     expect(page.locator(f'tr[data-run="{run_id}"] .badge')).to_have_text("interrupted")
+    # The status filter offers it, as the API lists it apart from the runs a process executes.
+    page.select_option("select[name=status]", "interrupted")
+    expect(page).to_have_url(re.compile(r"status=interrupted"))
+    expect(page.locator(f'tr[data-run="{run_id}"] .badge')).to_have_text("interrupted")
+    page.select_option("select[name=status]", "running")
+    expect(page.locator(f'tr[data-run="{run_id}"]')).to_have_count(0)
     ui.assert_clean()

@@ -23,8 +23,8 @@ if TYPE_CHECKING:
 
 def add_parsers(sub: Any) -> None:
     sp = sub.add_parser("runs", help="list runs")
-    sp.add_argument("--status", choices=["running", "interrupted", "paused", "waiting", "completed", "failed",
-                                         "aborted"],
+    sp.add_argument("--status", choices=["queued", "running", "interrupted", "paused", "waiting", "completed",
+                                         "failed", "aborted"],
                     help="`interrupted`: running, but no process executes it (killed; `resume` continues it)")
     sp.add_argument("--parent", metavar="RUN", help="only the children of RUN")
     sp.add_argument("--limit", type=int, default=50)
@@ -72,10 +72,8 @@ def cmd_runs(args: argparse.Namespace) -> int:
     from flowkernel.summaries import detail_view, summaries
 
     with opened(args, readonly=True) as kernel:
-        wanted = "running" if args.status == "interrupted" else args.status
-        records = kernel.runs(status=wanted, parent=args.parent, limit=args.limit)
-        if args.status is not None:  # `running` lists the runs a process executes; `interrupted` the others
-            records = [r for r in records if kernel.interrupted(r) == (args.status == "interrupted")]
+        # `running` lists the runs a process executes; `interrupted` the others (as the API's ?status=)
+        records, _ = kernel.run_records(status=args.status, parent=args.parent, limit=args.limit)
         shown = summaries(kernel.store, records, kernel.interrupted)
         if args.json:
             import json

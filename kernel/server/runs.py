@@ -19,7 +19,9 @@ from flowkernel.server.views import Event as EventView
 
 router = APIRouter(tags=["runs"])
 
-STATUSES = ("queued", "running", "paused", "waiting", "completed", "failed", "aborted")
+# As summaries show them: "interrupted" is a run stored as running that no process executes (its
+# executor died); "running" then lists only those executing (Kernel.run_records, as `flowkernel runs`).
+STATUSES = ("queued", "running", "interrupted", "paused", "waiting", "completed", "failed", "aborted")
 EVENT_TYPES = frozenset(str(t.__struct_config__.tag) for t in typing.get_args(Event))
 Limit = Annotated[int, Query(ge=1, le=MAX_LIMIT, description=f"items per page (at most {MAX_LIMIT})")]
 Cursor = Annotated[str | None, Query(description="the nextCursor of the previous page")]

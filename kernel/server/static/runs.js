@@ -5,7 +5,8 @@ import { api, ApiError } from "./api.js";
 import { h, replaceChildren, uid } from "./dom.js";
 import { ago, cost, datetime, duration } from "./format.js";
 
-export const STATUSES = ["queued", "running", "paused", "waiting", "completed", "failed", "aborted"];
+// "interrupted": stored as running, but no process executes it (the API lists it apart from "running").
+export const STATUSES = ["queued", "running", "interrupted", "paused", "waiting", "completed", "failed", "aborted"];
 const PAGE_SIZE = 25;
 const REFRESH_MS = 2000;
 
