@@ -17,6 +17,10 @@ from flowkernel.errors import Problem
 if TYPE_CHECKING:
     from jsonschema.protocols import Validator
 
+# A string holding a ``{{ }}`` binding: what ``flowkernel.node.bindable`` lets stand for any value.
+BINDING_SCHEMA: dict[str, Any] = {"type": "string", "pattern": r"\{\{",
+                                  "description": "A {{ }} binding: its value is known when the node runs."}
+
 # Keywords whose values are data, not subschemas: a "$ref" inside them is not a reference.
 _DATA_KEYWORDS = frozenset({"const", "enum", "examples", "default"})
 # Keywords whose values map names (which may be any word, "const" included) to subschemas.
@@ -148,7 +152,6 @@ def _where(path: str, parts: Any) -> str:
 
 
 def _described(err: Any, path: str) -> list[Problem]:
-    from flowkernel.node import BINDING_SCHEMA
     from jsonschema.exceptions import best_match
 
     where = _where(path, err.absolute_path)

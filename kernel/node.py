@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from flowkernel.errors import Problem
+from flowkernel.jsonschemas import BINDING_SCHEMA, check_schema
 
 if TYPE_CHECKING:
     from flowkernel.context import NodeContext
@@ -70,10 +71,6 @@ class CheckedNodeType(NodeType, Protocol):
     def check(self, raw_input: dict[str, Any], path: str, problems: list[Problem]) -> None: ...
 
 
-BINDING_SCHEMA: dict[str, Any] = {"type": "string", "pattern": r"\{\{",
-                                  "description": "A {{ }} binding: its value is known when the node runs."}
-
-
 def bindable(schema: dict[str, Any]) -> dict[str, Any]:
     """For ``input_schema``: ``schema``, or a string holding a ``{{ }}`` binding (whose value, and so its
     type, is only known at run time). ``"3"`` still fails an integer: only a binding passes."""
@@ -91,8 +88,6 @@ class KnownNames:
 def check_json_schema(schema: Any, path: str, problems: list[Problem]) -> None:
     """For node types' ``check``: add a problem at ``path`` unless ``schema`` is a valid JSON Schema
     object whose references all resolve within it (nothing is ever fetched)."""
-    from flowkernel.jsonschemas import check_schema
-
     check_schema(schema, path, problems)
 
 
