@@ -290,3 +290,30 @@ def test_retry_over_http_takes_an_updated_flow_document_and_refuses_one_that_rew
         assert [e["type"] for e in events][:3] == ["command:received", "flow:updated", "flow:resumed"]
         served = http.get(f"/api/v1/runs/{run_id}/flow").json()
         assert served["nodes"][1]["input"]["expr"] == "a + 1"
+
+
+def test_an_exported_updated_run_imports_with_every_flow_it_followed(tmp_path: Path) -> None:
+    """WHEN a run that was continued on an updated flow is exported and imported into another store,
+    THEN the snapshot before the update can still be rebuilt there (the earlier flow travels too)."""
+    import io
+
+    import anyio
+    from flowkernel.api import Kernel
+    from flowkernel.retention import export_runs, import_runs
+
+    source = SqliteStore(tmp_path / "source.db")
+    kernel = Kernel(source, registry=registry())
+    old = kernel.compile(flow([t("a", "1"), t("b", "$error('bug')")], [{"from": "a", "to": "b"}], name="moved"))
+    run_id = anyio.run(kernel.run, old, None).runId
+    new = kernel.compile(flow([t("a", "1"), t("b", "a + 1")], [{"from": "a", "to": "b"}], name="moved"))
+    assert anyio.run(lambda: kernel.retry(run_id, flow=new)).status == "completed"
+    update = next(e for e in kernel.events(run_id) if e.type == "flow:updated")
+    out = io.BytesIO()
+    export_runs(source, [run_id], out)
+
+    target = SqliteStore(tmp_path / "target.db")
+    import_runs(target, out.getvalue().splitlines())
+    there = Kernel(target, registry=registry())
+    assert there.snapshot(run_id, at=update.seq - 1).flowHash == old.hash
+    assert there.snapshot(run_id).outputs["b"] == 2
+    assert audit_store(target) == 1

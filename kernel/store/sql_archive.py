@@ -35,17 +35,34 @@ class RunArchive(msgspec.Struct, kw_only=True):
     """One run, everything of it: the unit ``export`` writes (one JSON line) and ``import`` loads."""
 
     run: dict[str, Any]  # the runs row, column -> value (without run number and lease)
-    flow: dict[str, str]  # {hash, name, document}
+    flow: dict[str, str]  # {hash, name, document}: the flow the run follows now
     events: list[tuple[int, int, msgspec.Raw]]  # (seq, timestamp, the event as stored)
     checkpoint: tuple[int, msgspec.Raw] | None  # (seq, skeleton)
     blobs: dict[str, msgspec.Raw]  # every blob the checkpoint and the packed events reach
     commands: list[dict[str, Any]]  # pending ones: {body, createdAt}
     traceContext: str | None = None
     tables: dict[str, list[dict[str, Any]]] = msgspec.field(default_factory=dict)  # AGENT_TABLES rows
+    # The flows it followed before (its flow:start's, and those a flow:updated left), each as ``flow``:
+    # folding its events up to a seq before an update needs them.
+    earlierFlows: list[dict[str, str]] = msgspec.field(default_factory=list)
 
     @property
     def run_id(self) -> str:
         return str(self.run["run_id"])
+
+
+_NAMES_FLOWS = (b'{"type":"flow:start"', b'{"type":"flow:updated"')
+
+
+def _flows_named(events: Sequence[tuple[int, int, msgspec.Raw]]) -> set[str]:
+    """The hashes of the flows a run's events name: its ``flow:start``'s and every ``flow:updated``'s."""
+    found: set[str] = set()
+    for _, _, raw in events:
+        body = bytes(raw)
+        if body.startswith(_NAMES_FLOWS):  # small events, never stored packed: plain JSON
+            ev = json.loads(body)
+            found.update(str(ev[k]) for k in ("flowHash", "fromHash", "toHash") if k in ev)
+    return found
 
 
 class SqlArchive:
@@ -223,6 +240,12 @@ class SqlArchive:
             trace = db.execute(f"SELECT trace_context FROM run_traces WHERE run_id = {p}", (run_id,)).fetchone()
             tables = {t: self._rows(db, f"SELECT * FROM {t} WHERE flow_run_id = {p} ORDER BY id", (run_id,))
                       for t in AGENT_TABLES}
+            earlier = []
+            for flow_hash in sorted(_flows_named(events) - {str(run["flow_hash"])}):
+                row = db.execute(f"SELECT hash, name, document FROM flows WHERE hash = {p}", (flow_hash,)).fetchone()
+                if row is None:
+                    raise StoreError(f"{self.location}: flow {flow_hash}, which run {run_id} followed, is missing")
+                earlier.append({"hash": str(row[0]), "name": str(row[1]), "document": str(row[2])})
         checkpoint = None
         blobs: dict[str, msgspec.Raw] = {}
         if cp is not None:
@@ -235,7 +258,8 @@ class SqlArchive:
         return RunArchive(run={k: v for k, v in run.items() if k not in _LOCAL_RUN_COLUMNS},
                           flow={"hash": str(flow[0]), "name": str(flow[1]), "document": str(flow[2])},
                           events=events, checkpoint=checkpoint, blobs=blobs, commands=commands,
-                          traceContext=None if trace is None else str(trace[0]), tables=tables)
+                          traceContext=None if trace is None else str(trace[0]), tables=tables,
+                          earlierFlows=earlier)
 
     # -- import -----------------------------------------------------------------------------
 
@@ -265,10 +289,10 @@ class SqlArchive:
                                               (key,)).fetchone() is not None:
                 raise InvalidInputError(f"run {run_id}: its idempotency key {key!r} is taken by another run "
                                         f"in {self.location}; not imported")
-            flow = archive.flow
-            db.execute(f"INSERT INTO flows (hash, name, document, created_at) VALUES ({p}, {p}, {p}, {p}) "
-                       f"ON CONFLICT (hash) DO NOTHING",
-                       (flow["hash"], flow["name"], flow["document"], int(archive.run.get("created_at") or 0)))
+            for flow in (archive.flow, *archive.earlierFlows):
+                db.execute(f"INSERT INTO flows (hash, name, document, created_at) VALUES ({p}, {p}, {p}, {p}) "
+                           f"ON CONFLICT (hash) DO NOTHING",
+                           (flow["hash"], flow["name"], flow["document"], int(archive.run.get("created_at") or 0)))
             self._insert(db, "runs", archive.run, self._columns(db, "runs"))
             self._lock_run_numbers(db)
             run_no = int(db.execute("SELECT COALESCE(MAX(run_no), 0) + 1 FROM runs").fetchone()[0])
