@@ -514,6 +514,11 @@ def test_runs_shows_the_worker_that_holds_each_run(pool_env: dict[str, str], tmp
     rows = {line.split()[0]: line for line in table.splitlines()[1:]}
     assert table.splitlines()[0].rstrip().endswith("WORKER")
     assert rows[held].rstrip().endswith("box:4242:w1") and "box:4242" not in rows[waiting]
+    # --json carries it too, under the name `flowkernel workers --json` gives a worker's id.
+    listed = subprocess.run([sys.executable, "-m", "flowkernel", "runs", "--json", "--db", db], env=pool_env,
+                            capture_output=True, text=True, timeout=60).stdout
+    holders = {row["runId"]: row["workerId"] for row in map(json.loads, listed.splitlines())}
+    assert holders == {held: "box:4242:w1", waiting: None}
 
 
 def test_run_queue_prints_the_run_id_at_once_and_workers_lists_the_pool(

@@ -75,15 +75,17 @@ def cmd_runs(args: argparse.Namespace) -> int:
         # `running` lists the runs a process executes; `interrupted` the others (as the API's ?status=)
         records, _ = kernel.run_records(status=args.status, parent=args.parent, limit=args.limit)
         shown = summaries(kernel.store, records, kernel.interrupted)
+        # Who executes each run: the owner of its live lease, a worker id as `flowkernel workers` lists it
+        # (or a `flowkernel run` process's).
+        holders = {r.runId: r.leaseOwner for r in records if r.leaseOwner and kernel.executed(r)}
         if args.json:
             import json
 
             for r, s in zip(records, shown, strict=True):
-                print(json.dumps(detail_view(r, s), ensure_ascii=False))
+                print(json.dumps({**detail_view(r, s), "workerId": holders.get(r.runId)}, ensure_ascii=False))
         else:
             from flowkernel.render import show_runs
 
-            holders = {r.runId: r.leaseOwner for r in records if r.status in ("running", "queued") and r.leaseOwner}
             show_runs(shown, sys.stdout, holders)
         return EXIT_OK
 
