@@ -263,6 +263,8 @@ def test_serve_with_workers_fixtures_and_a_plugin_executes_an_agent_flow_offline
     try:
         wait_for(lambda: answering(port), what="serve to answer")
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as http:
+            page = http.get("/")  # the web UI, at the address serve prints for it
+            assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
             created = http.post("/api/v1/runs", params={"wait": 60}, json={
                 "flow": "research", "input": {"question": "Which database should our desktop app use?"}})
             assert created.status_code == 201, created.text
@@ -278,7 +280,9 @@ def test_serve_with_workers_fixtures_and_a_plugin_executes_an_agent_flow_offline
     finally:
         if process.poll() is None:
             err = stop(process)
-    assert f"serving http://127.0.0.1:{port}/api/v1 on" in err and "(2 run(s) at once)" in err
+    location = db if db.startswith("/") else err.split("/api/v1 on ", 1)[1].split(" (", 1)[0]
+    assert f"flowkernel: serving http://127.0.0.1:{port}/api/v1 on {location} (2 run(s) at once)\n" \
+           f"flowkernel: web UI at http://127.0.0.1:{port}/\n" in err, err
 
 
 def test_sigterm_hands_an_in_flight_run_over_and_the_next_serve_finishes_it(db: str, tmp_path: Path) -> None:

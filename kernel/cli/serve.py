@@ -144,9 +144,10 @@ async def _serve(server: Any, worker: Any, location: str) -> None:
             await anyio.sleep(0.01)
         if server.started:
             host, port = server.servers[0].sockets[0].getsockname()[:2]
+            base = f"http://{f'[{host}]' if ':' in host else host}:{port}"  # an IPv6 address goes in brackets
             where = f"{worker.concurrency} run(s) at once" if worker is not None else "no workers: serving only"
-            print(f"flowkernel: serving http://{host}:{port}/api/v1 on {location} ({where})", file=sys.stderr,
-                  flush=True)
+            print(f"flowkernel: serving {base}/api/v1 on {location} ({where})\n"
+                  f"flowkernel: web UI at {base}/", file=sys.stderr, flush=True)
         await served.wait()
         if worker is not None:
             print(f"flowkernel serve: stopping; handing over {len(worker.running)} run(s) "
