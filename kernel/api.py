@@ -58,6 +58,7 @@ from flowkernel.runner import COMMAND_POLL_S, EventListener, RunExecution
 from flowkernel.settings import RunSettings, check_fixtures, import_plugins
 from flowkernel.snapshot import RunSnapshot
 from flowkernel.store.base import AgentRun, CreateRequest, EventRow, Lease, RunRecord, Store
+from flowkernel.worker_defaults import DEFAULT_LEASE_S
 from msgspec.structs import replace
 
 if TYPE_CHECKING:
@@ -65,7 +66,7 @@ if TYPE_CHECKING:
     from flowkernel.summaries import RunSummary
 from flowkernel.store.open import open_store
 
-LEASE_TTL_MS = 15_000
+LEASE_TTL_MS = int(DEFAULT_LEASE_S * 1000)
 ENDED = frozenset({"completed", "failed", "aborted"})  # the statuses a run's flow:complete leaves
 
 

@@ -37,9 +37,8 @@ from flowkernel.errors import FlowkernelError, LeaseLostError
 from flowkernel.ids import now_ms
 from flowkernel.runner import RunExecution
 from flowkernel.store.base import Claim, WorkerRecord
+from flowkernel.worker_defaults import DEFAULT_CONCURRENCY, DEFAULT_GRACE_S
 
-DEFAULT_CONCURRENCY = 8
-DEFAULT_GRACE_S = 30.0
 # After the grace period, node types that stop at a step boundary (agents, flow.call) get this long
 # to finish the step they are in before everything left is cancelled.
 STEP_GRACE_S = 5.0

@@ -101,3 +101,29 @@ def test_every_package_folder_is_listed_for_the_wheel() -> None:
     listed = set(config["tool"]["setuptools"]["packages"])
     packages = {name for name, path in _modules().items() if path.name == "__init__.py"}
     assert packages <= listed, f"add to [tool.setuptools] packages: {sorted(packages - listed)}"
+
+
+def test_no_module_imports_another_modules_private_names() -> None:
+    """What modules share is public where it is defined; a ``_name`` is its own module's business."""
+    private = []
+    for name, path in _modules().items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("flowkernel"):
+                private += [f"{name} imports {node.module}.{a.name}" for a in node.names
+                            if a.name.startswith("_") and not a.name.startswith("__")]
+    assert private == []
+
+
+def test_each_default_is_defined_once() -> None:
+    """A ``DEFAULT_…`` constant has one home that every face imports, so they cannot drift apart."""
+    homes: dict[str, list[str]] = {}
+    for name, path in _modules().items():
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target] \
+                if isinstance(node, ast.AnnAssign) else []
+            for target in targets:
+                for leaf in (target.elts if isinstance(target, ast.Tuple) else [target]):
+                    if isinstance(leaf, ast.Name) and leaf.id.startswith("DEFAULT_"):
+                        homes.setdefault(leaf.id, []).append(name)
+    assert {k: v for k, v in homes.items() if len(v) > 1} == {}
+    assert homes["DEFAULT_GRACE_S"] == ["flowkernel.worker_defaults"]

@@ -8,8 +8,9 @@ import os
 import sys
 from typing import Any
 
+from flowkernel.cli.arguments import non_negative_float, non_negative_int
 from flowkernel.cli.session import EXIT_INVALID, EXIT_OK, add_db
-from flowkernel.cli.workers import DEFAULT_GRACE_S, _non_negative_float
+from flowkernel.worker_defaults import DEFAULT_GRACE_S
 
 DEFAULT_PORT = 8765
 DEFAULT_WORKERS = 4
@@ -25,10 +26,10 @@ def add_parsers(sub: Any) -> None:
     sp.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
                     help="allow browser pages from ORIGIN (e.g. http://localhost:5173) to call the API (repeatable; "
                          "default: none)")
-    sp.add_argument("--workers", type=_non_negative_int, default=DEFAULT_WORKERS, metavar="N",
+    sp.add_argument("--workers", type=non_negative_int, default=DEFAULT_WORKERS, metavar="N",
                     help=f"runs this process executes at once, as `flowkernel worker --concurrency N` would "
                          f"(default {DEFAULT_WORKERS}; 0: serve only, separate `flowkernel worker` processes execute)")
-    sp.add_argument("--grace-s", type=_non_negative_float, default=DEFAULT_GRACE_S, metavar="S",
+    sp.add_argument("--grace-s", type=non_negative_float, default=DEFAULT_GRACE_S, metavar="S",
                     help=f"on SIGTERM or Ctrl-C, how long node runs in flight may take to finish before they are "
                          f"paused and handed over (default {DEFAULT_GRACE_S:g})")
     sp.add_argument("--fixtures", metavar="DIR", help="serve model calls from fixture files: a run's node "
@@ -37,16 +38,6 @@ def add_parsers(sub: Any) -> None:
                     help="import a module that registers functions, tools or node types (repeatable)")
     add_db(sp)
     sp.set_defaults(handler=cmd_serve)
-
-
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError("must be 0 or more")
-    return value
 
 
 def is_loopback(host: str) -> bool:

@@ -8,20 +8,19 @@ import signal
 import sys
 from typing import Any
 
+from flowkernel.cli.arguments import non_negative_float, positive_float, positive_int
 from flowkernel.cli.session import EXIT_OK, add_db, add_json, run_async
-
-# flowkernel.worker's defaults, repeated here so that `flowkernel --help` does not import the runtime.
-DEFAULT_CONCURRENCY, DEFAULT_GRACE_S = 8, 30.0
+from flowkernel.worker_defaults import DEFAULT_CONCURRENCY, DEFAULT_GRACE_S, DEFAULT_LEASE_S
 
 
 def add_parsers(sub: Any) -> None:
     sp = sub.add_parser("worker", help="claim queued and orphaned runs from the store and execute them")
-    sp.add_argument("--concurrency", type=_positive_int, default=DEFAULT_CONCURRENCY, metavar="N",
+    sp.add_argument("--concurrency", type=positive_int, default=DEFAULT_CONCURRENCY, metavar="N",
                     help=f"runs executed at once (default {DEFAULT_CONCURRENCY})")
-    sp.add_argument("--lease-s", type=_positive_float, default=15.0, metavar="S",
-                    help="lease time: how soon another worker takes over the runs of a worker that died "
-                         "on another host (default 15)")
-    sp.add_argument("--grace-s", type=_non_negative_float, default=DEFAULT_GRACE_S, metavar="S",
+    sp.add_argument("--lease-s", type=positive_float, default=DEFAULT_LEASE_S, metavar="S",
+                    help=f"lease time: how soon another worker takes over the runs of a worker that died "
+                         f"on another host (default {DEFAULT_LEASE_S:g})")
+    sp.add_argument("--grace-s", type=non_negative_float, default=DEFAULT_GRACE_S, metavar="S",
                     help=f"on SIGTERM, how long node runs in flight may take to finish before they are "
                          f"paused and handed over (default {DEFAULT_GRACE_S:g})")
     sp.add_argument("--fixtures", metavar="DIR", help="serve model calls from fixture files: a run's node "
@@ -35,33 +34,6 @@ def add_parsers(sub: Any) -> None:
     add_db(sp)
     add_json(sp)
     sp.set_defaults(handler=cmd_workers)
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError("must be at least 1")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    value = _non_negative_float(text)
-    if value == 0:
-        raise argparse.ArgumentTypeError("must be more than 0")
-    return value
-
-
-def _non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value >= 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError("must be a number of seconds, 0 or more")
-    return value
 
 
 def cmd_worker(args: argparse.Namespace) -> int:

@@ -1,0 +1,10 @@
+"""A worker's defaults (DESIGN §11), one definition for every face of the worker pool:
+``flowkernel.worker.Worker``, ``flowkernel worker`` and ``flowkernel serve`` (whose in-process
+workers are the same class). Kept apart from the worker itself, so that building the command line
+(``flowkernel --help``) does not import the runtime."""
+
+from __future__ import annotations
+
+DEFAULT_CONCURRENCY = 8  # runs one worker executes at once
+DEFAULT_GRACE_S = 30.0  # on SIGTERM, how long node runs in flight may take to finish before they are handed over
+DEFAULT_LEASE_S = 15.0  # how soon another worker takes over the runs of one that stopped renewing its leases
