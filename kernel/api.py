@@ -179,10 +179,10 @@ class Kernel:
         return load_flow(path, node_types=reg.node_types, functions=reg.functions, tools=reg.tools)
 
     def compile(self, document: dict[str, Any], source: str = "<flow>", base_dir: Path | None = None,
-                *, trusted: bool = False) -> CompiledFlow:
+                *, trusted: bool = False, stored: tuple[str, str] | None = None) -> CompiledFlow:
         reg = self.registry
         return compile_flow(document, source=source, base_dir=base_dir, node_types=reg.node_types,
-                            trusted=trusted, functions=reg.functions, tools=reg.tools)
+                            trusted=trusted, functions=reg.functions, tools=reg.tools, stored=stored)
 
     def flow_of(self, run_id: str) -> CompiledFlow:
         """The flow the run follows now (the last one a ``flow:updated`` switched it to, if any)."""
@@ -194,11 +194,13 @@ class Kernel:
         cached = self._flows.get(flow_hash)
         if cached is not None:
             return cached
-        document = json.loads(self.store.get_flow(flow_hash))
+        text = self.store.get_flow(flow_hash)
         source = record.flowSource or f"<flow {record.flowName}>"
         base = Path(record.flowSource).parent if record.flowSource else None
-        # The hash matched when it was stored, and it was validated then: compile without re-checking.
-        flow = self.compile(document, source=source, base_dir=base, trusted=True)
+        # The hash matched when it was stored, and it was validated then: compile without re-checking,
+        # and without computing again the canonical text and hash it was stored under.
+        flow = self.compile(msgspec.json.decode(text), source=source, base_dir=base, trusted=True,
+                            stored=(text, flow_hash))
         self._flows[flow_hash] = flow
         return flow
 

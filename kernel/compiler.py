@@ -20,6 +20,7 @@ from flowkernel.expressions import (
     compile_expr,
     compile_template,
     compile_when,
+    lazy_template,
     strip_braces,
 )
 from flowkernel.flowfile import canonical_json, flow_hash, read_flow_document
@@ -133,13 +134,16 @@ def compile_flow(
     trusted: bool = False,
     functions: Collection[str] | None = None,
     tools: Collection[str] | None = None,
+    stored: tuple[str, str] | None = None,
 ) -> CompiledFlow:
     """Validate ``document`` and compile it; ``node_types`` are the types it may use (a registry's
     ``node_types``, whose entries may also ``check`` their node's input); ``functions`` and ``tools``,
     when given, the registered names nodes may use.
 
     ``trusted``: the document was validated before (a stored, content-addressed flow), so the checks
-    are skipped; resuming a run then does not pay for them (nor import pydantic or networkx).
+    are skipped; resuming a run then does not pay for them (nor import pydantic or networkx), and node
+    inputs are compiled when a node first starts, not all up front. ``stored``: the document's
+    canonical text and hash, known already (what the store keeps, or what the validation cache keyed).
     """
     if not trusted:
         from flowkernel.node import KnownNames
@@ -148,13 +152,18 @@ def compile_flow(
         known = KnownNames(functions, tools) if functions is not None and tools is not None else None
         check_document(document, node_types, source, known)
     problems: list[Problem] = []
-    compiled = _compile(document, source, base_dir, problems)
+    compiled = _compile(document, source, base_dir, problems, lazy=trusted, stored=stored)
     if problems:
         raise FlowValidationError(source, problems)
     return compiled
 
 
+_NO_POLICY = PolicySpec()
+
+
 def _policy(raw: Any) -> PolicySpec:
+    if not raw:
+        return _NO_POLICY
     raw = raw if isinstance(raw, dict) else {}
     retry = raw.get("retry")
     return PolicySpec(
@@ -168,16 +177,18 @@ def _usd(value: Any) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
-def _compile(document: dict[str, Any], source: str, base_dir: Path | None,
-             problems: list[Problem]) -> CompiledFlow:
-    """Build the graph from a document whose shape is valid (checked now, or when it was stored)."""
+def _compile(document: dict[str, Any], source: str, base_dir: Path | None, problems: list[Problem], *,
+             lazy: bool = False, stored: tuple[str, str] | None = None) -> CompiledFlow:
+    """Build the graph from a document whose shape is valid (checked now, or when it was stored);
+    ``lazy``: node inputs are compiled when first used (a valid document compiles without problems)."""
     nodes: dict[str, CompiledNode] = {}
     for i, node in enumerate(document["nodes"]):
         path = f"$.nodes[{i}]"
         raw_input = node.get("input") or {}
         nodes[node["id"]] = CompiledNode(
             id=node["id"], index=i, type=node["type"],
-            input=compile_template(raw_input, f"{path}.input", problems),
+            input=lazy_template(raw_input, f"{path}.input") if lazy else
+            compile_template(raw_input, f"{path}.input", problems),
             raw_input=raw_input,
             when=compile_when(node.get("when"), f"{path}.when", problems),
             policy=_policy(node.get("policy")),
@@ -197,8 +208,12 @@ def _compile(document: dict[str, Any], source: str, base_dir: Path | None,
         )
         if edge.get("gate") is not None:
             gates[edge["to"]] = edge["gate"]
-    canonical = canonical_json(document)
-    compiled = CompiledFlow(document=document, canonical=canonical, hash=flow_hash(canonical), source=source,
+    if stored is not None:
+        canonical, digest = stored
+    else:
+        canonical = canonical_json(document)
+        digest = flow_hash(canonical)
+    compiled = CompiledFlow(document=document, canonical=canonical, hash=digest, source=source,
                             base_dir=base_dir, nodes=nodes, edges=edges,
                             max_concurrency=int(document.get("maxConcurrency", 8)))
     out: dict[str, list[str]] = {n: [] for n in nodes}

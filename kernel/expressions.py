@@ -200,8 +200,38 @@ class _List:
         return [t.render(context, variables) for t in self.items]
 
 
+class _Lazy:
+    """A node input compiled when it is first used: a stored flow of 10,000 nodes that resumes halfway
+    compiles the inputs of the nodes it runs, not all of them before it can start."""
+
+    __slots__ = ("_compiled", "_path", "_raw")
+
+    def __init__(self, raw: Any, path: str) -> None:
+        self._raw, self._path = raw, path
+        self._compiled: Template | None = None
+
+    def compiled(self) -> Template:
+        if self._compiled is None:
+            problems: list[Problem] = []
+            compiled = compile_template(self._raw, self._path, problems)
+            if problems:
+                raise ExpressionError(str(problems[0]))
+            self._compiled = compiled
+        return self._compiled
+
+    def render(self, context: Mapping[str, Any], variables: Mapping[str, Any] | None = None) -> Any:
+        return self.compiled().render(context, variables)
+
+
+def lazy_template(value: Any, path: str) -> Template:
+    """``compile_template`` of a value known to compile (a validated flow's), done on first use."""
+    return _Lazy(value, path)
+
+
 def is_constant(template: Template) -> bool:
     """Whether ``template`` renders the same value whatever the context (it has no ``{{ }}``)."""
+    if type(template) is _Lazy:
+        template = template.compiled()
     return isinstance(template, _Const)
 
 

@@ -3,8 +3,11 @@ store it opened or any database file it left in ``tmp_path``, must replay to its
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +17,11 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+# Flows the tests' commands validate are remembered in a folder of this session's, not the user's cache.
+if "FLOWKERNEL_CACHE_DIR" not in os.environ:
+    os.environ["FLOWKERNEL_CACHE_DIR"] = _CACHE = tempfile.mkdtemp(prefix="flowkernel-cache-")
+    atexit.register(shutil.rmtree, _CACHE, True)
 
 from flowkernel.store.memory import MemoryStore  # noqa: E402
 from flowkernel.store.sqlite import SqliteStore  # noqa: E402

@@ -28,11 +28,10 @@ def add_parsers(sub: Any) -> None:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from flowkernel.compiler import load_flow
     from flowkernel.registry import default_registry
+    from flowkernel.validated import load_valid_flow
 
-    reg = default_registry()
-    flow = load_flow(args.flow, node_types=reg.node_types, functions=reg.functions, tools=reg.tools)
+    flow = load_valid_flow(args.flow, default_registry())
     print(f"{args.flow}: ok — flow {flow.name!r}, {len(flow.nodes)} nodes, {len(flow.edges)} edges")
     return EXIT_OK
 
@@ -49,15 +48,13 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from flowkernel.api import parse_inputs
-    from flowkernel.compiler import load_flow
     from flowkernel.registry import default_registry
+    from flowkernel.validated import load_valid_flow
 
-    # Everything about the input is checked before the store is touched.
-    reg = default_registry()
-    # A queued run executes in a worker, with the worker's plugins: its functions and tools are the
-    # worker's to know, not this process's.
-    names = {} if args.queue else {"functions": reg.functions, "tools": reg.tools}
-    flow = load_flow(args.flow, node_types=reg.node_types, **names)
+    # Everything about the input is checked before the store is touched. A queued run executes in a
+    # worker, with the worker's plugins: its functions and tools are the worker's to know, not this
+    # process's.
+    flow = load_valid_flow(args.flow, default_registry(), check_names=not args.queue)
     value = parse_inputs(flow, args.input, args.input_json)
     from flowkernel.api import Kernel
 

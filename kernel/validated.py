@@ -1,0 +1,262 @@
+"""Flow files known to be valid: a file that passed ``validate`` is not validated again until something
+validation reads changes.
+
+Validation needs pydantic, networkx and jsonschema, whose imports cost more than starting the
+interpreter; ``run`` and ``validate`` of a file validated before skip them (the compiled form is built
+as for a stored flow). A file is remembered as an empty file named by a hash of everything its
+validation depends on:
+
+- the document (its canonical JSON) and whether the registered function and tool names were checked
+  (``run --queue`` leaves them to the worker);
+- each node type the flow uses: that it is registered, where its code comes from (its module and the
+  module's file; for a plugin inside a package, every source file of the package) and its input schema;
+- the answers the node types' ``check_names`` got about registered functions and tools;
+- the contents of the files the flow names (``flow.call`` children given as constant paths, read as a
+  child flow is read);
+- the interpreter, the installed distributions (names, versions and install times: pydantic,
+  jsonschema, jsonata, plugins' packages) and every source file of flowkernel.
+
+A record lives under ``FLOWKERNEL_CACHE_DIR`` (else ``$XDG_CACHE_HOME/flowkernel``, else
+``~/.cache/flowkernel``); set ``FLOWKERNEL_CACHE_DIR`` to an empty string to turn the cache off. A
+document the key cannot be computed for is simply validated. A cache that cannot be read or written
+is as good as empty: it never stops a command. Only a flow that passed validation is ever recorded.
+
+The node types' own ``check`` and ``check_names`` are cheap (no pydantic, no networkx) and may read more
+than their code (a plugin's settings): they run every time, cached or not, and any problem they find
+sends the flow through the whole validation, which reports it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+from collections.abc import Callable, Collection, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from flowkernel.compiler import CompiledFlow, compile_flow
+from flowkernel.errors import FlowkernelError
+from flowkernel.flowfile import canonical_json, flow_hash, read_flow_document
+from flowkernel.localfiles import (
+    DEFAULT_MAX_FLOW_BYTES,
+    MAX_FLOW_BYTES_ENV,
+    limit_from_env,
+    read_limited,
+    resolve_inside,
+)
+
+if TYPE_CHECKING:
+    from flowkernel.registry import Registry
+
+CACHE_ENV = "FLOWKERNEL_CACHE_DIR"
+_FORMAT = b"flowkernel validation record 1"
+# Node types whose constant ``flow`` input names a file (its contents are part of the key).
+_FILE_KEYS = {"flow.call": "flow"}
+
+
+def load_valid_flow(path: str | Path, registry: Registry, *, check_names: bool = True) -> CompiledFlow:
+    """Read a flow file and compile it, validating it unless it passed validation before with all that
+    validation reads unchanged (see the module). ``check_names``: functions and tools must be
+    registered (as ``load_flow`` with the registry's names)."""
+    p = Path(path)
+    document, _ = read_flow_document(p)
+    source, base = str(p), p.resolve().parent
+    names: dict[str, Any] = {"functions": registry.functions, "tools": registry.tools} if check_names else {}
+    folder = cache_dir()
+    found = _key(document, base, registry, check_names) if folder is not None else None
+    if folder is None or found is None:
+        return compile_flow(document, source=source, base_dir=base, node_types=registry.node_types, **names)
+    key, canonical, digest = found
+    record = folder / key
+    if record.exists():
+        return compile_flow(document, source=source, base_dir=base, node_types=registry.node_types,
+                            trusted=True, stored=(canonical, digest))
+    flow = compile_flow(document, source=source, base_dir=base, node_types=registry.node_types, **names)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        record.touch()
+    except OSError:
+        pass  # not remembered: validated again next time
+    return flow
+
+
+def cache_dir() -> Path | None:
+    """Where validation records are kept; None when the cache is off."""
+    configured = os.environ.get(CACHE_ENV)
+    if configured is not None:
+        return Path(configured) / "valid" if configured else None
+    base = os.environ.get("XDG_CACHE_HOME") or (str(Path.home() / ".cache") if "HOME" in os.environ else "")
+    return Path(base) / "flowkernel" / "valid" if base else None
+
+
+class _Asked(Collection[str]):
+    """Registered names that remember what they were asked: the answers validation's name checks got
+    are part of the key, so a function or tool registered or removed since is validated again."""
+
+    def __init__(self, kind: str, names: Collection[str], log: list[str]) -> None:
+        self._kind, self._names, self._log = kind, names, log
+
+    def __contains__(self, name: object) -> bool:
+        answer = name in self._names
+        self._log.append(f"{self._kind}?{name!r}={answer}")
+        return answer
+
+    def __iter__(self) -> Iterator[str]:
+        listing = sorted(self._names)
+        self._log.append(f"{self._kind}*{listing!r}")
+        return iter(listing)
+
+    def __len__(self) -> int:
+        listing = sorted(self._names)
+        self._log.append(f"{self._kind}*{listing!r}")
+        return len(listing)
+
+
+def _key(document: Any, base: Path, registry: Registry, check_names: bool) -> tuple[str, str, str] | None:
+    """The record's name, the document's canonical text and its hash; None when the document is not
+    worth caching (odd enough that validation will say what is wrong with it)."""
+    if not isinstance(document, dict) or not isinstance(document.get("nodes"), list):
+        return None
+    try:
+        canonical = canonical_json(document)
+        digest = flow_hash(canonical)
+    except (TypeError, ValueError, RecursionError, UnicodeError):
+        return None
+    h = hashlib.sha256(_FORMAT)
+    h.update(f"\0{digest}\0names={check_names}".encode())
+    from flowkernel.node import KnownNames
+
+    asked: list[str] = []
+    known = KnownNames(_Asked("f", registry.functions, asked), _Asked("t", registry.tools, asked))
+    types: dict[str, Any] = {}
+    files: set[str] = set()
+    for i, node in enumerate(document["nodes"]):
+        ntype = node.get("type") if isinstance(node, dict) else None
+        if not isinstance(ntype, str) or ntype not in registry.node_types:
+            return None  # validation reports it
+        node_type = types[ntype] = registry.node_types[ntype]
+        raw_input = node.get("input", {})
+        if not isinstance(raw_input, dict):
+            return None
+        file_key = _FILE_KEYS.get(ntype)
+        if file_key is not None and isinstance(raw_input.get(file_key), str):
+            files.add(raw_input[file_key])
+        # A node type's own checks are cheap and may read more than its code (a plugin's settings):
+        # they run every time, as validation runs them; any problem and validation says what it is.
+        path = f"$.nodes[{i}].input"
+        hooks: list[tuple[str, tuple[Any, ...]]] = [("check", (raw_input, path))]
+        if check_names:
+            hooks.append(("check_names", (raw_input, path, known)))
+        for hook_name, args in hooks:
+            hook: Callable[..., None] | None = getattr(node_type, hook_name, None)
+            if hook is None:
+                continue
+            problems: list[Any] = []
+            try:
+                hook(*args, problems)
+            except Exception:
+                return None
+            if problems:
+                return None
+    for name in sorted(types):
+        schema = getattr(types[name], "input_schema", None)
+        try:
+            schema_text = canonical_json(schema)
+        except (TypeError, ValueError, RecursionError):
+            return None
+        h.update(f"\0type {name}\0{_origin(types[name])}\0{schema_text}".encode())
+    h.update("\0".join(asked).encode())
+    for name in sorted(files):
+        h.update(f"\0file {name}\0{_content(base, name)}".encode())
+    h.update(_environment().encode())
+    return h.hexdigest()[:48], canonical, digest
+
+
+def _origin(node_type: Any) -> str:
+    """Where a node type's code comes from: its class's module and the stamps of its source files
+    (flowkernel's own are in ``_environment``)."""
+    cls = node_type if isinstance(node_type, type) else type(node_type)
+    module_name = getattr(cls, "__module__", "?")
+    origin = f"{module_name}:{getattr(cls, '__qualname__', '?')}"
+    if module_name == "flowkernel" or module_name.startswith("flowkernel."):
+        return origin
+    module = sys.modules.get(module_name)
+    file = getattr(module, "__file__", None)
+    if not file:
+        return origin + "\0unknown"
+    top = sys.modules.get(module_name.partition(".")[0])
+    top_file = getattr(top, "__file__", None)
+    if "." in module_name and top_file and os.path.basename(top_file) == "__init__.py":
+        return origin + _stamps([os.path.dirname(top_file)])  # a package: any of its modules may check
+    return origin + _stamp(file)
+
+
+def _content(base: Path, name: str) -> str:
+    """A named file's contents, as a hash, or why it cannot be read (that is part of the key too). Read
+    as a child flow is: never outside the folders allowed, never a FIFO or a device."""
+    try:
+        target = resolve_inside(base, name, "flow.call")
+        data = read_limited(target, limit_from_env(MAX_FLOW_BYTES_ENV, DEFAULT_MAX_FLOW_BYTES), "flow file")
+    except FlowkernelError as exc:
+        return f"unreadable: {exc}"
+    return hashlib.sha256(data).hexdigest()
+
+
+def _environment() -> str:
+    """The interpreter, the installed distributions and flowkernel's sources, as stamps."""
+    parts = [sys.version, sys.implementation.cache_tag or ""]
+    for entry in sys.path:
+        if not entry or not os.path.isabs(entry):
+            continue  # the working directory: a plugin module there is stamped by its node type
+        try:
+            with os.scandir(entry) as listing:
+                for item in sorted(listing, key=lambda e: e.name):
+                    if item.name.endswith((".dist-info", ".egg-info", ".egg-link", ".pth")):
+                        parts.append(f"{item.name}:{item.stat().st_mtime_ns}")
+        except OSError:
+            continue
+    parts.append(_stamps(_source_folders()))
+    return "\0".join(parts)
+
+
+def _stamps(folders: list[str]) -> str:
+    """Path, size and modification time of every ``.py`` file under ``folders``."""
+    out: list[str] = []
+    todo = list(folders)
+    while todo:
+        folder = todo.pop()
+        try:
+            with os.scandir(folder) as listing:
+                entries = sorted(listing, key=lambda e: e.name)
+        except OSError:
+            out.append(f"{folder}:unreadable")
+            continue
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False):
+                if entry.name != "__pycache__" and not entry.name.startswith("."):
+                    todo.append(entry.path)
+            elif entry.name.endswith(".py"):
+                out.append(f"{entry.path}:{_stamp(entry.path)}")
+    return "\0".join(out)
+
+
+def _stamp(file: str) -> str:
+    try:
+        st = os.stat(file)
+    except OSError:
+        return "missing"
+    return f"{st.st_size}:{st.st_mtime_ns}"
+
+
+def _source_folders() -> list[str]:
+    """flowkernel's package folders (``flowkernel.nodes`` may lie elsewhere in an editable install)."""
+    import flowkernel
+    import flowkernel.nodes
+
+    return [os.path.dirname(flowkernel.__file__ or ""), os.path.dirname(flowkernel.nodes.__file__ or "")]
+
+
+def source_files() -> list[str]:
+    """Every source file whose stamp is part of the key (for tests and diagnostics)."""
+    return [line.rsplit(":", 2)[0] for line in _stamps(_source_folders()).split("\0") if line]
