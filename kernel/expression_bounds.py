@@ -29,60 +29,26 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any
 
 import jsonata
 import regex
 from flowkernel.errors import ExpressionError, ExpressionLimitError
+from flowkernel.expression_scope import (  # noqa: F401  (the limits and scopes' documented home too)
+    DEFAULT_LIMITS,
+    INLINE_ONLY,
+    EvaluationCancelled,
+    ExpressionLimits,
+    NeedsThread,
+    Scope,
+    current_scope,
+    set_scope,
+)
 from jsonata import functions as jsonata_functions
 from jsonata.regex_engine import RegexFlags
 
 
-@dataclass(frozen=True, slots=True)
-class ExpressionLimits:
-    """How far one open expression may go. Give ``Kernel(services={"expression_limits": ...})`` or set
-    the ``FLOWKERNEL_EXPR_*`` environment variables (``flowkernel.offload.limits_from_env``)."""
-
-    timeout_ms: int = 5_000
-    max_depth: int = 1_000  # nested evaluation steps (about three per level of a recursive function)
-    max_items: int = 1_000_000  # items of a list (a range too) or keys of an object
-    max_string: int = 10_000_000  # characters of a string
-
-
-DEFAULT_LIMITS = ExpressionLimits()
-
-
-class NeedsThread(BaseException):
-    """An open expression was about to run on the event loop's thread: the shell runs the same pure
-    decision again in a worker thread. A BaseException so no ``except Exception`` on the way swallows it."""
-
-
-class EvaluationCancelled(BaseException):
-    """The scope of an evaluation was cancelled (the run pauses or aborts, the node run is cancelled)."""
-
-
-class Scope:
-    """Limits and cancellation shared by the evaluations of one off-loop call (one decision, one transform)."""
-
-    __slots__ = ("cancelled", "inline_only", "limits")
-
-    def __init__(self, limits: ExpressionLimits = DEFAULT_LIMITS, *, inline_only: bool = False) -> None:
-        self.limits = limits
-        self.cancelled = False
-        self.inline_only = inline_only
-
-    def cancel(self) -> None:
-        """Stop every evaluation of this scope at its next step (callable from any thread)."""
-        self.cancelled = True
-
-
-INLINE_ONLY = Scope(inline_only=True)
-_DEFAULT_SCOPE = Scope()
-
-
 class _Local(threading.local):
-    scope: Scope | None = None
     budget: _Budget | None = None
     instance: jsonata.Jsonata | None = None
 
@@ -103,16 +69,6 @@ def own_jsonata_instance() -> jsonata.Jsonata:
         instance = _local.instance = jsonata.Jsonata("$", regex_engine)
     jsonata.Jsonata.CURRENT.jsonata = instance
     return instance
-
-
-def current_scope() -> Scope:
-    return _local.scope or _DEFAULT_SCOPE
-
-
-def set_scope(scope: Scope | None) -> Scope | None:
-    """Make ``scope`` this thread's scope; returns the previous one (to restore)."""
-    previous, _local.scope = _local.scope, scope
-    return previous
 
 
 class _Stop(BaseException):

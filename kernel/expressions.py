@@ -12,12 +12,12 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import jsonata
 from flowkernel.errors import ExpressionError, Problem
-from flowkernel.expression_bounds import evaluate_open, guard, is_bounded, own_jsonata_instance, regex_engine
 
-# What jsonata-python returns for a function value (a builtin, a lambda or a partial application).
-_FUNCTIONS = (jsonata.Jsonata.JFunctionCallable, jsonata.parser.Parser.Symbol)
+# What jsonata-python returns for a function value (a builtin, a lambda or a partial application); set
+# with the first expression compiled, as JSONata is imported then: a flow without expressions runs
+# without loading it (nor ``regex``).
+_FUNCTIONS: tuple[type, ...] = ()
 _BINDING = re.compile(r"\{\{(.*?)\}\}", re.DOTALL)  # anchored use only: see _bindings
 
 
@@ -59,6 +59,12 @@ class Expr:
     __slots__ = ("_compiled", "_path", "bounded", "source")
 
     def __init__(self, source: str) -> None:
+        global _FUNCTIONS
+        import jsonata
+        from flowkernel.expression_bounds import guard, is_bounded, own_jsonata_instance, regex_engine
+
+        if not _FUNCTIONS:
+            _FUNCTIONS = (jsonata.Jsonata.JFunctionCallable, jsonata.parser.Parser.Symbol)
         self.source = source
         self._compiled = jsonata.Jsonata(source, regex_engine)
         own_jsonata_instance()  # constructing made this expression the thread's own instance: undo that
@@ -93,6 +99,8 @@ class Expr:
         # threads at once, and without one jsonata binds ``$`` in the expression's shared frame.
         bindings = dict(variables) if variables else {}
         if not self.bounded:
+            from flowkernel.expression_bounds import evaluate_open
+
             value = evaluate_open(self._compiled, self.source, context, bindings)
         else:
             try:

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 import anyio
 from flowkernel.errors import InvalidInputError
-from flowkernel.expression_bounds import (
+from flowkernel.expression_scope import (
     DEFAULT_LIMITS,
     EvaluationCancelled,
     ExpressionLimits,

@@ -56,7 +56,7 @@ from flowkernel.events import (
     decode,
     encoder,
 )
-from flowkernel.expression_bounds import INLINE_ONLY, NeedsThread, Scope, set_scope
+from flowkernel.expression_scope import INLINE_ONLY, NeedsThread, Scope, set_scope
 from flowkernel.expressions import is_constant
 from flowkernel.ids import new_node_run_id
 from flowkernel.node import Interrupted, WaitFor

@@ -23,7 +23,7 @@ PROBE = """
 import sys
 from flowkernel.cli import main
 code = main(sys.argv[1:])
-heavy = [m for m in ("pydantic", "networkx", "jsonschema", "anthropic") if m in sys.modules]
+heavy = [m for m in ("pydantic", "networkx", "jsonschema", "anthropic", "jsonata", "regex") if m in sys.modules]
 print("HEAVY=" + ",".join(heavy), file=sys.stderr)
 sys.exit(code)
 """
@@ -65,7 +65,7 @@ def validations(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[lis
     yield seen
 
 
-def test_a_flow_validated_before_runs_without_pydantic_networkx_or_jsonschema(tmp_path: Path,
+def test_a_flow_validated_before_runs_without_pydantic_networkx_jsonschema_or_jsonata(tmp_path: Path,
                                                                                cache_env: dict[str, str]) -> None:
     flow = write(tmp_path / "one.json", ONE)
     first, heavy = probe("run", str(flow), "--db", str(tmp_path / "runs.db"), cwd=tmp_path, env=cache_env)

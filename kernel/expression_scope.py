@@ -1,0 +1,70 @@
+"""The scope an evaluation of JSONata runs in: its limits, its cancellation, and whether it may run on
+this thread at all (``flowkernel.expression_bounds`` says what each is for).
+
+Kept apart from ``expression_bounds`` so that the run shell can set scopes without importing JSONata
+and ``regex``: a flow without expressions runs without loading either.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class ExpressionLimits:
+    """How far one open expression may go. Give ``Kernel(services={"expression_limits": ...})`` or set
+    the ``FLOWKERNEL_EXPR_*`` environment variables (``flowkernel.offload.limits_from_env``)."""
+
+    timeout_ms: int = 5_000
+    max_depth: int = 1_000  # nested evaluation steps (about three per level of a recursive function)
+    max_items: int = 1_000_000  # items of a list (a range too) or keys of an object
+    max_string: int = 10_000_000  # characters of a string
+
+
+DEFAULT_LIMITS = ExpressionLimits()
+
+
+class NeedsThread(BaseException):
+    """An open expression was about to run on the event loop's thread: the shell runs the same pure
+    decision again in a worker thread. A BaseException so no ``except Exception`` on the way swallows it."""
+
+
+class EvaluationCancelled(BaseException):
+    """The scope of an evaluation was cancelled (the run pauses or aborts, the node run is cancelled)."""
+
+
+class Scope:
+    """Limits and cancellation shared by the evaluations of one off-loop call (one decision, one transform)."""
+
+    __slots__ = ("cancelled", "inline_only", "limits")
+
+    def __init__(self, limits: ExpressionLimits = DEFAULT_LIMITS, *, inline_only: bool = False) -> None:
+        self.limits = limits
+        self.cancelled = False
+        self.inline_only = inline_only
+
+    def cancel(self) -> None:
+        """Stop every evaluation of this scope at its next step (callable from any thread)."""
+        self.cancelled = True
+
+
+INLINE_ONLY = Scope(inline_only=True)
+_DEFAULT_SCOPE = Scope()
+
+
+class _Local(threading.local):
+    scope: Scope | None = None
+
+
+_local = _Local()
+
+
+def current_scope() -> Scope:
+    return _local.scope or _DEFAULT_SCOPE
+
+
+def set_scope(scope: Scope | None) -> Scope | None:
+    """Make ``scope`` this thread's scope; returns the previous one (to restore)."""
+    previous, _local.scope = _local.scope, scope
+    return previous
