@@ -8,7 +8,8 @@
 * Deltas: one ``python`` node streams ``n`` ``agent:text:delta`` events, one every ``pace`` seconds
   (faster than any model streams), on a ``SqliteStore``: how many commits the run makes, the most in
   any 50 ms, and the CPU per delta; the stored log is checked to hold every delta in order.
-* Start-up: ``python -c pass``, ``flowkernel run`` of a one-node flow, ``flowkernel validate`` (medians
+* Start-up: ``python -c pass``, ``flowkernel run`` of a one-node flow, ``flowkernel validate`` of it
+  (found in the validation cache, as a flow run again is) and ``validate`` with the cache off (medians
   of ``measure.STARTUP_RUNS`` spawns, interleaved), which heavy modules a ``run`` imports, and the time
   from spawning ``flowkernel resume`` of a 10,000-node run paused at 50% to its first line of output.
 """
