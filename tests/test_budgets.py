@@ -358,3 +358,33 @@ def test_resume_over_http_takes_a_budget_and_the_pool_continues_the_run(tmp_path
         assert [(e["message"], e["budgetUsd"]) for e in events] == [("go on", 1.0)]
         assert run()["snapshot"]["costLimits"] == {"flow": 1.0} and run()["run"]["totalCostUsd"] == 0.9
     assert fake.request_count == 3
+
+
+# --- the rule, pure ---------------------------------------------------------------------------------
+
+def test_a_limit_is_reached_when_the_cost_equals_it_in_cents_whatever_the_float_sum_says() -> None:
+    from flowkernel.budgets import over_budget
+    from flowkernel.compiler import compile_flow
+    from flowkernel.events import FlowStart
+    from flowkernel.reducer import initial_snapshot
+    from flowkernel.registry import default_registry
+
+    flow = compile_flow({"name": "f", "budget": {"maxCostUsd": 0.3},
+                         "nodes": [{"id": "a", "type": "noop", "policy": {"maxCostUsd": 0.2}}]},
+                        default_registry().node_types)
+    snap = initial_snapshot(flow, FlowStart(flowName="f", flowHash=flow.hash, seq=1, flowRunId="run_x"))
+    snap = fold(flow, [AgentUsage(seq=2, nodeId="b", model="m", costUsd=0.1),
+                       AgentUsage(seq=3, nodeId="b", model="m", costUsd=0.1)], snap)
+    assert over_budget(flow, snap, node_id="b") is None  # $0.2 of the run's $0.3; b has no limit of its own
+    snap = fold(flow, [AgentUsage(seq=4, nodeId="a", model="m", costUsd=0.1)], snap)
+    assert snap.totalCostUsd != 0.3  # 0.1 + 0.1 + 0.1 in floats
+    paused = over_budget(flow, snap, node_id="a")
+    assert paused is not None and (paused.nodeId, paused.costUsd, paused.limitUsd) == (None, 0.3, 0.3)
+    # a's own limit is reached first once it has spent $0.2; resuming with --budget raises a's, not the run's
+    snap = fold(flow, [AgentUsage(seq=5, nodeId="a", model="m", costUsd=0.1)], snap)
+    paused = over_budget(flow, snap, node_id="a")
+    assert paused is not None and (paused.nodeId, paused.costUsd, paused.limitUsd) == ("a", 0.2, 0.2)
+    paused.seq = 6
+    resumed = fold(flow, [paused, FlowResumed(seq=7, budgetUsd=0.5)], snap)
+    assert resumed.costLimits == {"a": 0.5} and resumed.budgetPause is None
+    assert over_budget(flow, resumed, node_id="a") is not None  # the run's $0.3 still holds: $0.4 spent
