@@ -5,10 +5,13 @@
 
 1. **Pages**: a stored run of ~3 events per node; one client reads `GET /runs/{id}/events` page after
    page (cursor to cursor, `limit=50` and `limit=500`) for `--seconds`; pages/s and events/s.
-2. **Fan-out**: `--clients` SSE clients follow one run that another process executes (a chain of
-   `--nodes` nodes, each sleeping `--tick-ms`); events/s delivered to all clients together, and the
-   latency from an event's commit (its timestamp, stamped just before the commit) to each client
-   that reads it, p50 and p99.
+2. **Fan-out**: `--clients` SSE clients, spread over `--client-procs` processes, follow one run that
+   another process executes (a chain of `--nodes` nodes, each sleeping `--tick-ms`); events/s
+   delivered to all clients together, and the latency from an event's commit (its timestamp, stamped
+   just before the commit) to each client that reads it, p50 and p99; the same for one more client
+   alone in its own process (what the server gives a client that reads at once: clients sharing one
+   Python process on a loaded machine are slowed by their own parsing); and the CPU the server and
+   the client processes used meanwhile, with the load average.
 
 The server is a real `flowkernel serve` process on a loopback port; the clients run here, in one
 asyncio loop. Everything shares this machine's cores, so the figures are a floor, not a ceiling.
@@ -131,7 +134,22 @@ async def follow(url: str, run_id: str, latencies: list[float], ready: asyncio.E
         counts.append(n)
 
 
-async def fan_out(url: str, db: str, env: dict[str, str], clients: int, nodes: int, tick_ms: float) -> dict[str, float]:
+async def followers(url: str, run_id: str, clients: int) -> None:
+    """One client process (``--follow``): ``clients`` SSE clients in one asyncio loop; prints ``ready``
+    once all are connected, then, when the run ends, one JSON line of latencies, counts and CPU time."""
+    latencies: list[float] = []
+    counts: list[int] = []
+    readies = [asyncio.Event() for _ in range(clients)]
+    tasks = [asyncio.create_task(follow(url, run_id, latencies, r, counts)) for r in readies]
+    await asyncio.wait_for(asyncio.gather(*(r.wait() for r in readies)), 60)
+    print("ready", flush=True)
+    cpu = time.process_time()
+    await asyncio.gather(*tasks)
+    print(json.dumps({"latencies": latencies, "counts": counts, "cpu": time.process_time() - cpu}), flush=True)
+
+
+async def fan_out(url: str, db: str, env: dict[str, str], clients: int, nodes: int, tick_ms: float,
+                  server_pid: int, procs: int) -> dict[str, float]:
     flows = Path(env["BENCH_DIR"])
     flow_path = flows / "fanout.json"
     flow_path.write_text(json.dumps(chain("bench-fanout", nodes, {"type": "python", "input": {
@@ -145,22 +163,42 @@ async def fan_out(url: str, db: str, env: dict[str, str], clients: int, nodes: i
             found = (await http.get("/api/v1/runs", params={"flow": "bench-fanout"})).json()["items"]
             run_id = found[0]["runId"] if found else ""
             await asyncio.sleep(0.05)
-    latencies: list[float] = []
-    counts: list[int] = []
-    readies = [asyncio.Event() for _ in range(clients)]
-    tasks = [asyncio.create_task(follow(url, run_id, latencies, r, counts)) for r in readies]
-    await asyncio.wait_for(asyncio.gather(*(r.wait() for r in readies)), 60)
+    # The clients in ``procs`` processes (100 followers are 100 browsers, not one Python loop), plus one
+    # lone client in a process of its own: what the server gives a client that reads at once.
+    shares = [clients // procs + (i < clients % procs) for i in range(procs)] + [1]
+    group = [subprocess.Popen([sys.executable, __file__, "--follow", url, run_id, str(n)], env=env, text=True,
+                              stdout=subprocess.PIPE) for n in shares if n]
+    for proc in group:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready", "a client process failed"
     async with httpx.AsyncClient(base_url=url) as http:
         starts = (await http.get(f"/api/v1/runs/{run_id}/events", params={"types": "node:start"})).json()["items"]
         began = time.perf_counter()
+        server_cpu = cpu_seconds(server_pid)
         await http.post(f"/api/v1/runs/{run_id}/send", json={"to": starts[0]["runId"], "message": "go"})
-    await asyncio.gather(*tasks)
+    results = []
+    for proc in group:
+        out, _ = await asyncio.to_thread(proc.communicate, timeout=600)
+        results.append(json.loads(out))
     took = time.perf_counter() - began
+    server_cpu = cpu_seconds(server_pid) - server_cpu
     writer.wait(60)
-    ordered = sorted(latencies)
-    return {"clients": clients, "events per client": statistics.median(counts), "events/s delivered":
-            sum(counts) / took, "latency p50 ms": ordered[len(ordered) // 2] * 1000,
-            "latency p99 ms": ordered[int(len(ordered) * 0.99)] * 1000}
+    *crowd, lone = results
+    ordered = sorted(x for r in crowd for x in r["latencies"])
+    alone = sorted(lone["latencies"])
+    counts = [n for r in results for n in r["counts"]]
+    # How busy each side was while the run streamed: CPU seconds per wall second, in percent.
+    return {"clients": clients, "client processes": len(crowd), "events per client": statistics.median(counts),
+            "events/s delivered": sum(counts) / took, "latency p50 ms": ordered[len(ordered) // 2] * 1000,
+            "latency p99 ms": ordered[int(len(ordered) * 0.99)] * 1000,
+            "lone client p50 ms": alone[len(alone) // 2] * 1000, "lone client p99 ms": alone[int(len(alone) * 0.99)] * 1000,
+            "server CPU %": 100 * server_cpu / took,
+            "client processes CPU %": 100 * sum(r["cpu"] for r in crowd) / took, "load average": os.getloadavg()[0]}
+
+
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU time of process ``pid`` so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def main() -> None:
@@ -171,7 +209,13 @@ def main() -> None:
     p.add_argument("--nodes", type=int, default=200)
     p.add_argument("--tick-ms", type=float, default=10.0)
     p.add_argument("--seconds", type=float, default=5.0)
+    p.add_argument("--client-procs", type=int, default=4, help="processes the SSE clients are spread over")
+    p.add_argument("--follow", nargs=3, metavar=("URL", "RUN", "N"), help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.follow:
+        url, run_id, n = args.follow
+        asyncio.run(followers(url, run_id, int(n)))
+        return
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / f"{PLUGIN}.py").write_text(PLUGIN_SOURCE)
         db = args.db or str(Path(tmp) / "bench.db")
@@ -182,7 +226,8 @@ def main() -> None:
             results: dict[str, dict[str, float]] = {}
             for limit in (50, 500):
                 results[f"GET events limit={limit}"] = pages(url, run_id, limit, args.seconds)
-            results["stream fan-out"] = asyncio.run(fan_out(url, db, env, args.clients, args.nodes, args.tick_ms))
+            results["stream fan-out"] = asyncio.run(fan_out(url, db, env, args.clients, args.nodes, args.tick_ms,
+                                                                server.pid, args.client_procs))
         finally:
             server.terminate()
             server.wait(30)
