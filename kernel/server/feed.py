@@ -10,9 +10,11 @@ difference. A client that is behind the watcher's short memory reads the rest fr
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import sys
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 
 import anyio
@@ -38,7 +40,7 @@ class _Watched:
         return self.head - len(self.recent)
 
     def since(self, seq: int) -> list[bytes]:
-        return list(self.recent)[seq - self.base:] if seq < self.head else []
+        return list(itertools.islice(self.recent, seq - self.base, None)) if seq < self.head else []
 
 
 class Feed:
@@ -95,6 +97,19 @@ class Feed:
     async def events(self, run_id: str, after: int, *, keepalive_s: float) -> AsyncIterator[bytes | None]:
         """The run's events after seq ``after``, history first, then each as it is committed, until
         ``flow:complete``; ``None`` when ``keepalive_s`` pass without one."""
+        async with contextlib.aclosing(self.batches(run_id, after, keepalive_s=keepalive_s)) as batches:
+            async for batch in batches:
+                if batch is None:
+                    yield None
+                    continue
+                for body in batch:
+                    yield body
+
+    async def batches(self, run_id: str, after: int, *,
+                      keepalive_s: float) -> AsyncGenerator[list[bytes] | None, None]:
+        """``events``, a batch at a time: what was committed together (or a page of history) comes
+        in one list, so a stream sends it in one write, however many clients the run has; the last
+        batch ends with ``flow:complete``."""
         run = self._runs.get(run_id)
         if run is None:
             head = (await anyio.to_thread.run_sync(self.store.last_seqs, [run_id])).get(run_id, 0)
@@ -109,12 +124,13 @@ class Feed:
                                                            min(run.base, seq + HISTORY_PAGE))
                 else:
                     batch = run.since(seq)
-                for body in batch:
-                    seq += 1
-                    yield body
-                    if body.startswith(END):
-                        return
                 if batch:
+                    last = next((i for i, body in enumerate(batch) if body.startswith(END)), None)
+                    if last is not None:
+                        yield batch[:last + 1]
+                        return
+                    seq += len(batch)
+                    yield batch
                     continue
                 waiting = run.changed
                 with anyio.move_on_after(keepalive_s) as idle:

@@ -47,12 +47,17 @@ async def stream(request: Request, runId: str,
 
     async def frames() -> AsyncIterator[bytes]:
         seq = start
-        async for body in feed.events(runId, start, keepalive_s=keepalive_s):
-            if body is None:
+        # A batch (the events of one commit, a page of history) goes out in one write: with many
+        # clients on a run, the server's work per event is what bounds how soon the last one has it.
+        async for batch in feed.batches(runId, start, keepalive_s=keepalive_s):
+            if batch is None:
                 yield KEEPALIVE
                 continue
-            seq += 1
-            yield frame(seq, body)
+            chunk = []
+            for body in batch:
+                seq += 1
+                chunk.append(frame(seq, body))
+            yield b"".join(chunk)
 
     return StreamingResponse(frames(), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
