@@ -9,7 +9,8 @@ validation depends on:
 - the document (its canonical JSON) and whether the registered function and tool names were checked
   (``run --queue`` leaves them to the worker);
 - each node type the flow uses: that it is registered, where its code comes from (its module and the
-  module's file; for a plugin inside a package, every source file of the package) and its input schema;
+  module's file; for a plugin inside a package, every source file of the package), its input schema
+  and the input keys it says hold expressions;
 - the answers the node types' ``check_names`` got about registered functions and tools;
 - the contents of the files the flow names (``flow.call`` children given as constant paths, read as a
   child flow is read);
@@ -160,12 +161,15 @@ def _key(document: Any, base: Path, registry: Registry, check_names: bool) -> tu
             if problems:
                 return None
     for name in sorted(types):
+        # What validation reads of a node type besides its checks: its input schema and the input keys
+        # that hold expressions (attributes, which a plugin may set from its settings).
         schema = getattr(types[name], "input_schema", None)
+        keys = getattr(types[name], "expression_keys", ())
         try:
-            schema_text = canonical_json(schema)
+            described = canonical_json([schema, sorted(keys)])
         except (TypeError, ValueError, RecursionError):
             return None
-        h.update(f"\0type {name}\0{_origin(types[name])}\0{schema_text}".encode())
+        h.update(f"\0type {name}\0{_origin(types[name])}\0{described}".encode())
     h.update("\0".join(asked).encode())
     for name in sorted(files):
         h.update(f"\0file {name}\0{_content(base, name)}".encode())

@@ -278,6 +278,28 @@ def test_a_node_type_check_that_reads_its_settings_runs_every_time(tmp_path: Pat
         load_valid_flow(flow, registry)
 
 
+def test_a_node_type_that_now_reads_an_expression_in_its_input_validates_again(tmp_path: Path,
+                                                                              validations: list[str]) -> None:
+    class Formula:
+        name = "formula"
+        expression_keys: tuple[str, ...] = ()
+
+        async def run(self, ctx: Any) -> Any:
+            return None
+
+    formula = Formula()
+    registry = default_registry().copy()
+    registry.add_node_type(formula)
+    flow = write(tmp_path / "f.json", {"name": "f", "nodes": [{"id": "a", "type": "formula",
+                                                               "input": {"expr": "nobody.here"}}], "edges": []})
+    load_valid_flow(flow, registry)
+    load_valid_flow(flow, registry)
+    assert len(validations) == 1
+    formula.expression_keys = ("expr",)  # `expr` is an expression now: the name it reads must exist
+    with pytest.raises(FlowValidationError, match="unknown name 'nobody'"):
+        load_valid_flow(flow, registry)
+
+
 def test_a_child_flow_that_is_a_fifo_is_keyed_without_reading_it(tmp_path: Path, validations: list[str]) -> None:
     os.mkfifo(tmp_path / "child.json")
     parent = write(tmp_path / "parent.json", {"name": "p", "nodes": [
