@@ -159,7 +159,8 @@ def test_sigkill_between_a_commands_acceptance_and_its_delivery_loses_nothing(
 @pytest.mark.parametrize("attempt", range(5))
 def test_two_racing_resumers_exactly_one_executes(attempt: int, tmp_path: Path, clean_env: dict[str, str]) -> None:
     flow = write_flow(tmp_path, "race", [
-        {"id": "slow", "type": "python", "input": {"function": "sleep_then", "args": {"seconds": 0.5, "value": 1}}}])
+        {"id": "slow", "type": "python",
+         "input": {"function": "wait_for_file", "args": {"path": str(tmp_path / "gate"), "value": 1}}}])
     # A stored run that no process executes (as after a crash): both racers try to take it over.
     code = (
         "import anyio, json, sys\n"
@@ -175,13 +176,20 @@ def test_two_racing_resumers_exactly_one_executes(attempt: int, tmp_path: Path, 
     run_id = made.stdout.strip()
     racers = [spawn("resume", run_id, "--json", "--db", str(tmp_path / "runs.db"), cwd=tmp_path, env=clean_env)
               for _ in range(2)]
+    # The winner's node holds until the gate opens, so the loser meets a run still being executed
+    # however slowly either process starts; the gate opens once one racer has given up.
+    deadline = time.monotonic() + 60
+    while all(p.poll() is None for p in racers):
+        assert time.monotonic() < deadline, "neither resumer gave up while the other held the run"
+        time.sleep(0.02)
+    (tmp_path / "gate").touch()
     results = [(p.wait(timeout=30), p.stdout.read() if p.stdout else "", p.stderr.read() if p.stderr else "")
                for p in racers]
     codes = sorted(code for code, _, _ in results)
-    assert codes[0] == 0, results
+    assert codes == [0, 1], results
     assert attempt >= 0
     loser = next(r for r in results if r[0] != 0)
-    assert loser[0] == 1 and "is being executed by" in loser[2], loser
+    assert "is being executed by" in loser[2], loser
     log = fk("events", run_id, "--json", "--db", str(tmp_path / "runs.db"), cwd=tmp_path, env=clean_env)
     stored = [json.loads(line) for line in log.stdout.splitlines()]
     assert [e["type"] for e in stored].count("node:complete") == 1

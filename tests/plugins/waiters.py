@@ -27,3 +27,11 @@ async def block_first_run(ctx: NodeContext) -> object:
 async def sleep_then(seconds: float, value: object = None) -> object:
     await anyio.sleep(seconds)
     return value
+
+
+@register_function("wait_for_file")
+async def wait_for_file(path: str, value: object = None) -> object:
+    """Holds its node run until the file at ``path`` exists (a gate a test opens), then outputs ``value``."""
+    while not await anyio.Path(path).exists():
+        await anyio.sleep(0.01)
+    return value
