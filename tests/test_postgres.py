@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -477,7 +478,8 @@ def _fresh_schema(request: pytest.FixtureRequest) -> str:
 def _race_flow(tmp_path: Path) -> str:
     path = tmp_path / "race.json"
     path.write_text(json.dumps({"name": "race", "nodes": [
-        {"id": "slow", "type": "python", "input": {"function": "sleep_then", "args": {"seconds": 0.5, "value": 1}}}],
+        {"id": "slow", "type": "python",
+         "input": {"function": "wait_for_file", "args": {"path": str(tmp_path / "gate"), "value": 1}}}],
         "edges": []}))
     return str(path)
 
@@ -489,13 +491,20 @@ def test_two_workers_racing_to_resume_one_run_exactly_one_executes(attempt: int,
     # A stored run that no process executes (as after a crash): both workers try to take it over.
     kernel = Kernel(_pg_store(pg_url))
     try:
-        import tests.plugins.waiters  # noqa: F401  (registers sleep_then for the flow's validation)
+        import tests.plugins.waiters  # noqa: F401  (registers wait_for_file for the flow's validation)
 
         run_id = kernel.create_run(kernel.load_flow(_race_flow(tmp_path)), {})
     finally:
         kernel.close()
     plugin = {"FLOWKERNEL_PLUGINS": "tests.plugins.waiters"}
     racers = [_spawn("resume", run_id, "--json", "--db", pg_url, cwd=tmp_path, **plugin) for _ in range(2)]
+    # The winner's node holds until the gate opens, so the loser meets a run still being executed
+    # however slowly either process starts; the gate opens once one racer has given up.
+    deadline = time.monotonic() + TIMEOUT_S
+    while all(p.poll() is None for p in racers):
+        assert time.monotonic() < deadline, "neither resumer gave up while the other held the run"
+        time.sleep(0.02)
+    (tmp_path / "gate").touch()
     results = [(p.wait(timeout=TIMEOUT_S), *p.communicate()) for p in racers]
     assert sorted(code for code, _, _ in results) == [0, 1], results
     loser = next(r for r in results if r[0] == 1)
