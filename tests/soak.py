@@ -43,6 +43,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 KILLED = -signal.SIGKILL
+FORKSERVER_LOST_STATUS = 255
 PLUGINS = ("tests.plugins.crashpoint", "tests.plugins.crashy", "flowkernel.examples.research_tools")
 MAX_KILLS = 3
 MAX_PROCESSES = 16
@@ -106,6 +107,7 @@ def _forked_main(argv: list[str], crash: str | None, log: str, count_file: str |
         Path(count_file).write_text(str(crashpoint.writes()), encoding="utf-8")
     sys.stdout.flush()
     sys.stderr.flush()
+    Path(log + ".exit").write_text(str(code), encoding="utf-8")  # see Launcher.run: a lost status
     os._exit(code)
 
 
@@ -135,6 +137,15 @@ class Launcher:
             proc.join()
             raise TimeoutError(f"flowkernel {' '.join(argv)} did not finish within {timeout} s (log: {log})")
         code: int = proc.exitcode
+        if code == FORKSERVER_LOST_STATUS:
+            # multiprocessing's forkserver answers 255 when it could not pass the child's exit status
+            # on (flowkernel never exits 255). The child wrote its own code just before it exited;
+            # without that file it did not get there, which with a crash point armed is its kill.
+            status = Path(f"{log}.exit")
+            if status.exists():
+                return int(status.read_text(encoding="utf-8"))
+            if crash is not None:
+                return KILLED
         return code
 
 

@@ -97,7 +97,11 @@ async def test_a_paused_agent_run_is_interrupted_and_the_resume_continues_it_in_
     async with anyio.create_task_group() as tg:
         tg.start_soon(kernel.execute, run_id)
         await fake.wait_for_requests_async(2)
-        [running] = agent_runs(kernel)
+        # The first step's rows are committed with the run's next commit (observability commits are
+        # grouped), which may come just after the second call went out: wait for it, with a deadline.
+        with anyio.fail_after(30):
+            while (running := agent_runs(kernel)[0]).stepCount < 1:
+                await anyio.sleep(0.01)
         assert (running.status, running.stepCount, running.completedAt) == ("running", 1, None)
         await kernel.command(run_id, Command(kind="pause"))
     [interrupted] = agent_runs(kernel)
