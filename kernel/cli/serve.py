@@ -8,9 +8,8 @@ import os
 import sys
 from typing import Any
 
-from flowkernel.cli.arguments import non_negative_float, non_negative_int
+from flowkernel.cli.arguments import add_executor_options, non_negative_int
 from flowkernel.cli.session import EXIT_INVALID, EXIT_OK, add_db
-from flowkernel.worker_defaults import DEFAULT_GRACE_S
 
 DEFAULT_PORT = 8765
 DEFAULT_WORKERS = 4
@@ -29,13 +28,7 @@ def add_parsers(sub: Any) -> None:
     sp.add_argument("--workers", type=non_negative_int, default=DEFAULT_WORKERS, metavar="N",
                     help=f"runs this process executes at once, as `flowkernel worker --concurrency N` would "
                          f"(default {DEFAULT_WORKERS}; 0: serve only, separate `flowkernel worker` processes execute)")
-    sp.add_argument("--grace-s", type=non_negative_float, default=DEFAULT_GRACE_S, metavar="S",
-                    help=f"on SIGTERM or Ctrl-C, how long node runs in flight may take to finish before they are "
-                         f"paused and handed over (default {DEFAULT_GRACE_S:g})")
-    sp.add_argument("--fixtures", metavar="DIR", help="serve model calls from fixture files: a run's node "
-                                                      "files in DIR/<flow name>/, then DIR/ (no network)")
-    sp.add_argument("--plugin", action="append", default=[], dest="command_plugins", metavar="MODULE",
-                    help="import a module that registers functions, tools or node types (repeatable)")
+    add_executor_options(sp, stopped_by="SIGTERM or Ctrl-C", plugins_dest="command_plugins")
     add_db(sp)
     sp.set_defaults(handler=cmd_serve)
 

@@ -8,9 +8,9 @@ import signal
 import sys
 from typing import Any
 
-from flowkernel.cli.arguments import non_negative_float, positive_float, positive_int
+from flowkernel.cli.arguments import add_executor_options, positive_float, positive_int
 from flowkernel.cli.session import EXIT_OK, add_db, add_json, run_async
-from flowkernel.worker_defaults import DEFAULT_CONCURRENCY, DEFAULT_GRACE_S, DEFAULT_LEASE_S
+from flowkernel.worker_defaults import DEFAULT_CONCURRENCY, DEFAULT_LEASE_S
 
 
 def add_parsers(sub: Any) -> None:
@@ -20,13 +20,7 @@ def add_parsers(sub: Any) -> None:
     sp.add_argument("--lease-s", type=positive_float, default=DEFAULT_LEASE_S, metavar="S",
                     help=f"lease time: how soon another worker takes over the runs of a worker that died "
                          f"on another host (default {DEFAULT_LEASE_S:g})")
-    sp.add_argument("--grace-s", type=non_negative_float, default=DEFAULT_GRACE_S, metavar="S",
-                    help=f"on SIGTERM, how long node runs in flight may take to finish before they are "
-                         f"paused and handed over (default {DEFAULT_GRACE_S:g})")
-    sp.add_argument("--fixtures", metavar="DIR", help="serve model calls from fixture files: a run's node "
-                                                      "files in DIR/<flow name>/, then DIR/ (no network)")
-    sp.add_argument("--plugin", action="append", default=[], dest="worker_plugins", metavar="MODULE",
-                    help="import a module that registers functions, tools or node types (repeatable)")
+    add_executor_options(sp, stopped_by="SIGTERM", plugins_dest="worker_plugins")
     add_db(sp)
     sp.set_defaults(handler=cmd_worker)
 
