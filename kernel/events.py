@@ -11,7 +11,7 @@ from typing import Any
 import msgspec
 
 
-class BaseEvent(msgspec.Struct, kw_only=True, tag_field="type", omit_defaults=True):
+class BaseEvent(msgspec.Struct, kw_only=True, tag_field="type", omit_defaults=True, gc=False):
     seq: int = 0
     timestamp: int = 0
     flowRunId: str = ""

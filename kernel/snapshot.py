@@ -8,13 +8,13 @@ from typing import Any
 import msgspec
 
 
-class InboxMessage(msgspec.Struct, kw_only=True, omit_defaults=True):
+class InboxMessage(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
     kind: str  # send | reply | resume
     content: Any
     seq: int  # the command:received event that accepted it
 
 
-class ForEachState(msgspec.Struct, kw_only=True, omit_defaults=True):
+class ForEachState(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
     items: list[Any]
     results: list[Any]  # one slot per item: None until it finishes
     running: dict[str, str] = msgspec.field(default_factory=dict)  # str(item index) -> node run id
@@ -22,21 +22,21 @@ class ForEachState(msgspec.Struct, kw_only=True, omit_defaults=True):
     resumedFrom: dict[str, str] = msgspec.field(default_factory=dict)
 
 
-class NodeFault(msgspec.Struct, kw_only=True, omit_defaults=True):
+class NodeFault(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
     errorType: str
     message: str
     runId: str | None = None
     details: Any = None  # the node:error's (a traceback, for an unexpected exception)
 
 
-class Waiting(msgspec.Struct, kw_only=True, omit_defaults=True):
+class Waiting(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
     runId: str
     prompt: Any = None
     schema: dict[str, Any] | None = None
     since: int = 0  # inbox messages up to this seq were there when the node run started: they do not wake it
 
 
-class BudgetPause(msgspec.Struct, kw_only=True, omit_defaults=True):
+class BudgetPause(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
     """What paused the run for its budget: the node whose limit it was (None: the run's), and the figures."""
 
     nodeId: str | None = None
@@ -44,7 +44,7 @@ class BudgetPause(msgspec.Struct, kw_only=True, omit_defaults=True):
     limitUsd: float = 0.0
 
 
-class StagedPatch(msgspec.Struct, kw_only=True, omit_defaults=True):
+class StagedPatch(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
     """A ``state:patch`` of a node run that has not finished: it reaches ``state`` when the run does."""
 
     op: str
@@ -52,7 +52,7 @@ class StagedPatch(msgspec.Struct, kw_only=True, omit_defaults=True):
     value: Any = None
 
 
-class RunSnapshot(msgspec.Struct, kw_only=True):
+class RunSnapshot(msgspec.Struct, kw_only=True, gc=False):
     runId: str
     status: str  # running | paused | waiting | completed | failed | aborted
     seq: int
