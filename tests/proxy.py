@@ -10,10 +10,13 @@ import threading
 
 
 class CuttableProxy:
-    """Forwards ``127.0.0.1:<port>`` to ``target``; ``cut()`` drops everything, ``restore()`` listens again."""
+    """Forwards ``127.0.0.1:<port>`` to ``target``; ``cut()`` drops everything, ``restore()`` listens again.
+    With ``serve_only=N`` the server goes away after its first N connections: later ones are dropped as
+    they arrive (the connections made so far go on)."""
 
-    def __init__(self, target: tuple[str, int]) -> None:
+    def __init__(self, target: tuple[str, int], *, serve_only: int | None = None) -> None:
         self.target = target
+        self._left = serve_only
         self._lock = threading.Lock()
         self._sockets: set[socket.socket] = set()
         self._threads: list[threading.Thread] = []
@@ -40,6 +43,11 @@ class CuttableProxy:
                 client, _ = listener.accept()
             except OSError:
                 return  # cut
+            if self._left is not None:
+                if self._left <= 0:
+                    client.close()
+                    continue
+                self._left -= 1
             try:
                 server = socket.create_connection(self.target, timeout=10)
             except OSError:

@@ -144,3 +144,56 @@ def test_a_worker_whose_postgres_goes_away_retries_less_and_less_often_and_goes_
         _stop(worker)
         proxy.close()
         kernel.close()
+
+
+class _Held:
+    """A test's write transaction on a SQLite database: every other writer meets "database is locked"."""
+
+    def __init__(self, path: str) -> None:
+        import sqlite3
+
+        self.db = sqlite3.connect(path, isolation_level=None)
+        self.db.execute("BEGIN IMMEDIATE")
+
+    def close(self) -> None:
+        self.db.execute("ROLLBACK")
+        self.db.close()
+
+
+@pytest.mark.parametrize("command", [["worker"], ["serve", "--port", "0", "--workers", "2"]])
+@pytest.mark.parametrize("store", ["sqlite", pytest.param("postgres", marks=needs_pg)])
+def test_a_store_that_fails_after_it_opened_ends_worker_and_serve_with_one_line_and_no_traceback(
+        store: str, command: list[str], request: pytest.FixtureRequest, clean_env: dict[str, str],
+        tmp_path: Path) -> None:
+    """WHEN the store fails between being opened and the worker registering in it (a SQLite file another
+    process holds locked; a PostgreSQL server that stops right then) THEN ``worker`` and ``serve`` say so in
+    one line and exit 1, with no traceback (the task group that runs the worker wraps the error)."""
+    env = dict(clean_env)
+    held: _Held | None = None
+    proxy: CuttableProxy | None = None
+    if store == "sqlite":
+        db = str(tmp_path / "runs.db")
+        open_store(db, create=True).close()
+        held = _Held(db)
+        env["FLOWKERNEL_BUSY_TIMEOUT_MS"] = "200"
+        expected = "database is locked"
+    else:
+        url = request.getfixturevalue("pg_url")
+        open_store(url, create=True).close()
+        # Each store object holds one connection (serve opens three), and the worker listens on one more:
+        # the server stops before that last one.
+        proxy = CuttableProxy(_pg_target(url), serve_only=1 if command == ["worker"] else 3)
+        db = _via(url, proxy.port)
+        expected = f"127.0.0.1:{proxy.port}"
+    try:
+        res = subprocess.run([sys.executable, "-m", "flowkernel", *command, "--db", db], cwd=tmp_path, env=env,
+                             text=True, capture_output=True, timeout=120)
+    finally:
+        if held is not None:
+            held.close()
+        if proxy is not None:
+            proxy.close()
+    assert "Traceback" not in res.stderr, res.stderr
+    assert res.returncode == 1, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("flowkernel: ") and expected in lines[0], res.stderr

@@ -78,6 +78,16 @@ def main(argv: list[str] | None = None) -> int:
     except FlowkernelError as exc:
         print(f"flowkernel: {exc}", file=sys.stderr)
         return exc.exit_code
+    except BaseExceptionGroup as group:
+        # A task group (`worker`, `serve`) wraps what its tasks raised: a store that fails under it is
+        # still an error for the user to read, not a traceback. Anything else in the group is a bug.
+        errors = _leaves(group)
+        if not all(isinstance(e, FlowkernelError) for e in errors):
+            raise
+        for message in dict.fromkeys(str(e) for e in errors):
+            print(f"flowkernel: {message}", file=sys.stderr)
+        first: FlowkernelError = errors[0]  # type: ignore[assignment]
+        return first.exit_code
     except BrokenPipeError:
         # The reader went away (`flowkernel runs | head -1`): what it read was all it wanted.
         stdout_closed()
@@ -93,3 +103,10 @@ def main(argv: list[str] | None = None) -> int:
             print("flowkernel: interrupted", file=sys.stderr)
         return EXIT_FAILED
 
+
+def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
+    """The exceptions of a (nested) exception group, in order."""
+    found: list[BaseException] = []
+    for exc in group.exceptions:
+        found.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
+    return found

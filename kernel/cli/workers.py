@@ -68,11 +68,12 @@ async def _serve(worker: Any) -> None:
                       f"run(s) (grace {worker.grace_s:g} s)", file=sys.stderr, flush=True)
                 worker.stop()
 
-    print(f"flowkernel worker {worker.id}: claiming runs from {worker.kernel.store.location} "
-          f"({worker.concurrency} at once)", file=sys.stderr, flush=True)
     async with anyio.create_task_group() as tg:
         tg.start_soon(on_signals)
-        await worker.run()
+        await tg.start(worker.run)  # said once registered: a store that fails before is the error shown
+        print(f"flowkernel worker {worker.id}: claiming runs from {worker.kernel.store.location} "
+              f"({worker.concurrency} at once)", file=sys.stderr, flush=True)
+        await worker.wait_stopped()
         tg.cancel_scope.cancel()
     print(f"flowkernel worker {worker.id}: stopped", file=sys.stderr, flush=True)
 
