@@ -34,9 +34,8 @@ import os
 import sys
 from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-from flowkernel.compiler import CompiledFlow, compile_flow
 from flowkernel.errors import FlowkernelError
 from flowkernel.flowfile import canonical_json, flow_hash, read_flow_document
 from flowkernel.localfiles import (
@@ -48,6 +47,7 @@ from flowkernel.localfiles import (
 )
 
 if TYPE_CHECKING:
+    from flowkernel.compiler import CompiledFlow
     from flowkernel.registry import Registry
 
 CACHE_ENV = "FLOWKERNEL_CACHE_DIR"
@@ -56,29 +56,75 @@ _FORMAT = b"flowkernel validation record 1"
 _FILE_KEYS = {"flow.call": "flow"}
 
 
+class FlowSummary(NamedTuple):
+    """What ``validate`` says of a valid flow."""
+
+    name: str
+    nodes: int
+    edges: int
+
+
 def load_valid_flow(path: str | Path, registry: Registry, *, check_names: bool = True) -> CompiledFlow:
     """Read a flow file and compile it, validating it unless it passed validation before with all that
     validation reads unchanged (see the module). ``check_names``: functions and tools must be
     registered (as ``load_flow`` with the registry's names)."""
+    from flowkernel.compiler import compile_flow
+
+    found = _look_up(path, registry, check_names)
+    if found.known:
+        return compile_flow(found.document, source=found.source, base_dir=found.base,
+                            node_types=registry.node_types, trusted=True, stored=found.stored)
+    return _validate(found, registry, check_names)
+
+
+def check_flow_file(path: str | Path, registry: Registry) -> FlowSummary:
+    """Validate a flow file (unless it passed validation before, see the module) and summarise it.
+    A flow known to be valid is not compiled: its summary is read from the document."""
+    found = _look_up(path, registry, True)
+    if found.known:
+        nodes, edges = found.document["nodes"], found.document.get("edges") or []
+        # As the compiled flow counts them: nodes by id, edges by id (``from->to`` when unnamed).
+        return FlowSummary(str(found.document["name"]), len({node["id"] for node in nodes}),
+                           len({edge.get("id") or f"{edge['from']}->{edge['to']}" for edge in edges}))
+    flow = _validate(found, registry, True)
+    return FlowSummary(flow.name, len(flow.nodes), len(flow.edges))
+
+
+class _Found(NamedTuple):
+    document: Any
+    source: str
+    base: Path
+    record: Path | None  # the validation record (None: no cache, or a document not worth keying)
+    stored: tuple[str, str] | None  # the document's canonical text and hash, when keyed
+    known: bool  # the record exists: the document passed validation with all it reads as now
+
+
+def _look_up(path: str | Path, registry: Registry, check_names: bool) -> _Found:
     p = Path(path)
     document, _ = read_flow_document(p)
     source, base = str(p), p.resolve().parent
-    names: dict[str, Any] = {"functions": registry.functions, "tools": registry.tools} if check_names else {}
     folder = cache_dir()
     found = _key(document, base, registry, check_names) if folder is not None else None
     if folder is None or found is None:
-        return compile_flow(document, source=source, base_dir=base, node_types=registry.node_types, **names)
+        return _Found(document, source, base, None, None, False)
     key, canonical, digest = found
     record = folder / key
-    if record.exists():
-        return compile_flow(document, source=source, base_dir=base, node_types=registry.node_types,
-                            trusted=True, stored=(canonical, digest))
-    flow = compile_flow(document, source=source, base_dir=base, node_types=registry.node_types, **names)
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        record.touch()
-    except OSError:
-        pass  # not remembered: validated again next time
+    return _Found(document, source, base, record, (canonical, digest), record.exists())
+
+
+def _validate(found: _Found, registry: Registry, check_names: bool) -> CompiledFlow:
+    """Validate and compile a flow not known to be valid; remember it if it passes."""
+    from flowkernel.compiler import compile_flow
+
+    names: dict[str, Any] = {"functions": registry.functions, "tools": registry.tools} if check_names else {}
+    flow = compile_flow(found.document, source=found.source, base_dir=found.base,
+                        node_types=registry.node_types, **names)
+    if found.record is not None:
+        try:
+            found.record.parent.mkdir(parents=True, exist_ok=True)
+            found.record.touch()
+        except OSError:
+            pass  # not remembered: validated again next time
     return flow
 
 

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from flowkernel.context import NodeContext
 from flowkernel.errors import ExpressionError, NodeFailure, Problem
-from flowkernel.expressions import Expr, compile_expr, strip_braces
-from flowkernel.offload import evaluate_off_loop, expression_limits
 from flowkernel.state_ops import OPS
+
+# What runs a node is imported when one runs: checking a flow that is known to be valid (the
+# validation cache) reads the node types but should not pay for the expression engine or msgspec.
+if TYPE_CHECKING:
+    from flowkernel.context import NodeContext
+    from flowkernel.expressions import Expr
 
 
 class NoopNode:
@@ -52,6 +55,8 @@ class TransformNode:
     def _compiled(self, source: str) -> Expr | None:
         compiled = self._cache.get(source)
         if compiled is None:
+            from flowkernel.expressions import compile_expr, strip_braces
+
             compiled = compile_expr(strip_braces(source), "expr", [])
             if compiled is not None:
                 self._cache[source] = compiled
@@ -68,6 +73,8 @@ class TransformNode:
             raise NodeFailure("transform needs a JSONata string in `expr`", "invalid_input")
         compiled = self._cache.get(source)
         if compiled is None:
+            from flowkernel.expressions import compile_expr, strip_braces
+
             problems: list[Problem] = []
             compiled = compile_expr(strip_braces(source), "expr", problems)
             if compiled is None:
@@ -77,6 +84,8 @@ class TransformNode:
         try:
             if compiled.bounded:
                 return compiled.evaluate(context, variables)
+            from flowkernel.offload import evaluate_off_loop, expression_limits
+
             return await evaluate_off_loop(compiled, context, variables, expression_limits(ctx.services))
         except ExpressionError as exc:
             raise NodeFailure(str(exc), "expression_error") from None

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from flowkernel.context import NodeContext
 from flowkernel.errors import Problem
 from flowkernel.node import WaitFor, check_json_schema
+
+if TYPE_CHECKING:
+    from flowkernel.context import NodeContext
 
 
 class HumanInputNode:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from flowkernel.context import NodeContext
 from flowkernel.errors import NodeFailure, Problem
 from flowkernel.node import KnownNames, bindable, unknown_name
+
+if TYPE_CHECKING:
+    from flowkernel.context import NodeContext
 
 
 class PythonNode:

@@ -23,15 +23,21 @@ PROBE = """
 import sys
 from flowkernel.cli import main
 code = main(sys.argv[1:])
-heavy = [m for m in ("pydantic", "networkx", "jsonschema", "anthropic", "jsonata", "regex") if m in sys.modules]
+heavy = [m for m in %r if m in sys.modules]
 print("HEAVY=" + ",".join(heavy), file=sys.stderr)
 sys.exit(code)
 """
+HEAVY = ("pydantic", "networkx", "jsonschema", "anthropic", "jsonata", "regex")
+# What running a flow needs and checking a flow known to be valid does not: the compiler and the
+# expression engine, the node context (msgspec, the events), the event loop.
+RUNTIME = ("flowkernel.compiler", "flowkernel.expressions", "flowkernel.context", "flowkernel.events",
+           "flowkernel.offload", "msgspec", "anyio", "asyncio")
 
 
-def probe(*args: str, cwd: Path, env: dict[str, str]) -> tuple[subprocess.CompletedProcess[str], list[str]]:
-    done = subprocess.run([sys.executable, "-c", PROBE, *args], cwd=cwd, env=env, text=True, capture_output=True,
-                          timeout=60)
+def probe(*args: str, cwd: Path, env: dict[str, str],
+          modules: tuple[str, ...] = HEAVY) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+    done = subprocess.run([sys.executable, "-c", PROBE % (modules,), *args], cwd=cwd, env=env, text=True,
+                          capture_output=True, timeout=60)
     heavy = done.stderr.rsplit("HEAVY=", 1)[-1].strip()
     return done, [m for m in heavy.split(",") if m]
 
@@ -77,6 +83,24 @@ def test_a_flow_validated_before_runs_without_pydantic_networkx_jsonschema_or_js
     assert heavy == []
     checked, heavy = probe("validate", str(flow), cwd=tmp_path, env=cache_env)
     assert checked.returncode == 0 and "ok — flow 'one', 1 nodes, 0 edges" in checked.stdout
+    assert heavy == []
+
+
+def test_validate_of_a_flow_validated_before_only_reads_it_and_says_the_same(tmp_path: Path,
+                                                                             cache_env: dict[str, str]) -> None:
+    # Edges named and unnamed, a loop edge, several node types: counted as the compiled flow counts them.
+    flow = write(tmp_path / "flow.json", {"name": "several", "nodes": [
+        {"id": "a", "type": "noop", "input": {"x": 1}},
+        {"id": "b", "type": "transform", "input": {"expr": "a.x + 1"}},
+        {"id": "c", "type": "state.set", "input": {"path": "n", "value": 1}}], "edges": [
+        {"from": "a", "to": "b"}, {"id": "second", "from": "b", "to": "c"},
+        {"from": "c", "to": "b", "maxIterations": 2, "when": "{{ false }}"}]})
+    first, heavy = probe("validate", str(flow), cwd=tmp_path, env=cache_env, modules=HEAVY + RUNTIME)
+    assert first.returncode == 0, first.stderr
+    assert "pydantic" in heavy and "flowkernel.compiler" in heavy  # validated the first time
+    again, heavy = probe("validate", str(flow), cwd=tmp_path, env=cache_env, modules=HEAVY + RUNTIME)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout == first.stdout == f"{flow}: ok — flow 'several', 3 nodes, 3 edges\n"
     assert heavy == []
 
 

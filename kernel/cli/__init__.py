@@ -37,7 +37,23 @@ class _Version(argparse.Action):
         parser.exit()
 
 
+# The global options that take a value (given before the command).
+_VALUED = ("--plugin", "--allow-dir")
+
+
 def parser() -> argparse.ArgumentParser:
+    """The command line's parser, with every command."""
+    return _build(None)
+
+
+def command_parser(command: str) -> argparse.ArgumentParser | None:
+    """A parser that knows only ``command`` (building every command's costs more than some commands
+    take to run); None when no command group adds it."""
+    p = _build(command)
+    return p if command in _commands(p) else None
+
+
+def _build(command: str | None) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="flowkernel", description="Run JSON agent workflows with durable, resumable snapshots.")
     p.add_argument("--version", action=_Version, help="print flowkernel's version and exit")
     p.add_argument("--plugin", action="append", default=[], metavar="MODULE",
@@ -46,13 +62,70 @@ def parser() -> argparse.ArgumentParser:
                    help="a folder flows may read child flows and fixtures from besides their own "
                         "(repeatable; also FLOWKERNEL_ALLOW_DIRS, separated by the OS path separator)")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    target: Any = sub if command is None else _OnlyCommand(sub, command)
     for group in GROUPS:
-        group.add_parsers(sub)
+        group.add_parsers(target)
     return p
 
 
+def _commands(p: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """The parser's commands, by name."""
+    for action in p._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return action.choices
+    return {}
+
+
+def command_named(argv: list[str]) -> str | None:
+    """The command ``argv`` runs, when that is plain to see without parsing: only the global options
+    that take a value, spelt out, before it. None for anything else (``--help``, ``--version``, no
+    command, an abbreviated option, ``--``), which the whole parser handles."""
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg in _VALUED:
+            if i + 1 >= len(argv) or argv[i + 1].startswith("-"):
+                return None  # the whole parser says what is missing
+            i += 2
+        elif arg.startswith(tuple(f"{option}=" for option in _VALUED)):
+            i += 1
+        elif arg.startswith("-"):
+            return None
+        else:
+            return arg
+    return None
+
+
+class _OnlyCommand:
+    """Stands in for the subcommands action while one command's parser is built: the command groups
+    add all their parsers, and those of other commands are skipped (never built)."""
+
+    def __init__(self, sub: Any, command: str) -> None:
+        self._sub, self._command = sub, command
+
+    def add_parser(self, name: str, **kwargs: Any) -> Any:
+        if self._command == name or self._command in kwargs.get("aliases", ()):
+            return self._sub.add_parser(name, **kwargs)
+        return _SKIPPED
+
+
+class _Skipped:
+    """The parser of a command not being run: whatever is added to it goes nowhere."""
+
+    def __getattr__(self, name: str) -> Any:
+        return self._skip
+
+    def _skip(self, *args: Any, **kwargs: Any) -> _Skipped:
+        return self
+
+
+_SKIPPED = _Skipped()
+
+
 def main(argv: list[str] | None = None) -> int:
-    cli = parser()
+    argv = sys.argv[1:] if argv is None else argv
+    command = command_named(argv)
+    cli = (command_parser(command) if command is not None else None) or parser()
     args = cli.parse_args(argv)
     if args.command is None:
         cli.print_help()

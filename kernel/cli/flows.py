@@ -29,10 +29,10 @@ def add_parsers(sub: Any) -> None:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     from flowkernel.registry import default_registry
-    from flowkernel.validated import load_valid_flow
+    from flowkernel.validated import check_flow_file
 
-    flow = load_valid_flow(args.flow, default_registry())
-    print(f"{args.flow}: ok — flow {flow.name!r}, {len(flow.nodes)} nodes, {len(flow.edges)} edges")
+    flow = check_flow_file(args.flow, default_registry())
+    print(f"{args.flow}: ok — flow {flow.name!r}, {flow.nodes} nodes, {flow.edges} edges")
     return EXIT_OK
 
 
