@@ -40,7 +40,6 @@ from flowkernel.events import (
     BaseEvent,
     EdgeFire,
     EdgeSkip,
-    Event,
     FlowComplete,
     FlowPaused,
     FlowResumed,
@@ -542,7 +541,7 @@ class RunExecution:
         skeleton = _encode(replace(draft, **{field: packed}))
         data = msgspec.json.decode(skeleton)
         payload = data.pop(field, None)
-        event: BaseEvent = msgspec.convert(data, Event)
+        event: BaseEvent = msgspec.convert(data, type(draft))  # its own type: converting to the union costs ~18 µs
         value = packer.resolver().unpack(payload)
         packer.remember(value, packed)
         setattr(event, field, value)
