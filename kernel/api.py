@@ -51,6 +51,7 @@ from flowkernel.events import (
     encoder,
 )
 from flowkernel.ids import new_run_id, now_ms
+from flowkernel.nonfinite import loads_strict
 from flowkernel.offload import limits_from_env
 from flowkernel.reducer import FlowLookup, fold, initial_snapshot
 from flowkernel.registry import Registry, default_registry
@@ -1059,12 +1060,12 @@ def parse_inputs(flow: CompiledFlow, pairs: list[str], json_file: str | None) ->
     if json_file:
         path = Path(json_file)
         try:
-            loaded = json.loads(path.read_text(encoding="utf-8"))
+            loaded = loads_strict(path.read_text(encoding="utf-8"))
         except RecursionError:
             raise InvalidInputError(f"--input-json {json_file}: nested too deeply to read") from None
         except FileNotFoundError:
             raise InvalidInputError(f"--input-json {json_file}: no such file") from None
-        except (OSError, json.JSONDecodeError) as exc:
+        except (OSError, ValueError) as exc:  # ValueError: not JSON, or NaN or Infinity (JSON has neither)
             raise InvalidInputError(f"--input-json {json_file}: not valid JSON: {exc}") from None
         if not isinstance(loaded, dict):
             raise InvalidInputError(f"--input-json {json_file}: must hold a JSON object")
@@ -1079,10 +1080,12 @@ def parse_inputs(flow: CompiledFlow, pairs: list[str], json_file: str | None) ->
             value[key] = raw
             continue
         try:
-            value[key] = json.loads(raw)
-        except json.JSONDecodeError:
-            value[key] = raw
+            value[key] = loads_strict(raw)
         except RecursionError:
             raise InvalidInputError(f"--input {key}=…: nested too deeply to read") from None
+        except json.JSONDecodeError:
+            value[key] = raw
+        except ValueError as exc:  # NaN or Infinity: not JSON, and not to be stored as text by surprise
+            raise InvalidInputError(f"--input {key}=…: {exc}; quote it as a JSON string to pass the text") from None
     return value
 

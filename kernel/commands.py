@@ -21,6 +21,7 @@ from typing import Any
 from flowkernel.budgets import resume_problem
 from flowkernel.compiler import CompiledFlow
 from flowkernel.events import CommandReceived
+from flowkernel.nonfinite import describe, loads_strict
 from flowkernel.snapshot import RunSnapshot
 
 KINDS = ("send", "reply", "resume", "pause", "abort", "retry")
@@ -148,6 +149,8 @@ def not_storable(value: Any, what: str) -> str | None:
                 stack.append((v, f"{where}.{k}" if k.isidentifier() else f"{where}[{k!r}]"))
         elif isinstance(item, list | tuple):
             stack.extend((v, f"{where}[{i}]") for i, v in enumerate(item))
+        elif isinstance(item, float) and not math.isfinite(item):
+            return f"{where} is {describe(item)}, which JSON cannot hold (it would be stored as null)"
         elif not isinstance(item, _JSON_SCALARS):
             return f"{where} is not JSON (a {type(item).__name__})"
     return None
@@ -267,7 +270,7 @@ def _coerce(content: Any, schema: dict[str, Any]) -> Any:
     """A reply typed on the command line is text: read it as JSON unless the schema wants a string."""
     if isinstance(content, str) and schema.get("type") != "string":
         try:
-            return json.loads(content)
-        except json.JSONDecodeError:
+            return loads_strict(content)
+        except ValueError:  # not JSON, or NaN or Infinity: the text as typed, which the schema judges
             return content
     return content

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import msgspec
 from flowkernel.errors import NodeFailure
 from flowkernel.events import BaseEvent, InboxConsumed, StatePatch, encoder
+from flowkernel.nonfinite import check_encoded
 from flowkernel.snapshot import InboxMessage, RunSnapshot
 from flowkernel.state_ops import OPS, apply_patch, apply_patches
 
@@ -138,7 +139,7 @@ class NodeContext:
         if op not in OPS:
             raise NodeFailure(f"unknown state op {op!r}; use one of {', '.join(OPS)}", "state_error")
         try:  # here, in the node that asked, rather than later when the event is stored
-            encoder.encode(value)
+            check_encoded(value, encoder.encode(value))
         except (TypeError, ValueError, RecursionError, msgspec.EncodeError) as exc:
             raise NodeFailure(f"state.{path}: the value is not JSON: {exc}", "state_error") from None
         shared = self._shell.current_state()

@@ -58,12 +58,13 @@ def _is_blob(value: Any) -> bool:
 
 
 class _Block:
-    """A packed block of a list: its key, how many items it spans, and those items (the packer's own)."""
+    """A packed block of a list: its key, how many items it spans, those items (the packer's own), and
+    whether its encoding holds a ``null`` (see ``Packer.nulls``)."""
 
-    __slots__ = ("items", "key", "size")
+    __slots__ = ("items", "key", "nulls", "size")
 
-    def __init__(self, key: str, size: int, items: list[Any]) -> None:
-        self.key, self.size, self.items = key, size, items
+    def __init__(self, key: str, size: int, items: list[Any], nulls: bool) -> None:
+        self.key, self.size, self.items, self.nulls = key, size, items, nulls
 
 
 class Packer:
@@ -71,10 +72,14 @@ class Packer:
 
     ``blobs`` collects the blobs made since the last ``take_blobs``: whoever stores a skeleton stores
     them in the same transaction (they are content-addressed: storing one twice changes nothing).
+    ``nulls`` turns true when a blob or block packed since it was last reset holds a ``null``: where
+    the encoder wrote a NaN or Infinity too, so a packed value without one needs no look for them
+    (``flowkernel.nonfinite``).
     """
 
     def __init__(self) -> None:
         self.blobs: dict[str, bytes] = {}
+        self.nulls = False
         self._by_first: dict[int, list[_Block]] = {}  # id(first item) -> blocks starting with it
         self._by_key: dict[str, _Block] = {}
         self._index: dict[tuple[str, ...], str] = {}  # child keys -> key of the block made of them
@@ -173,11 +178,14 @@ class Packer:
             # Identical objects compare equal without a look inside: a list built from our own items
             # costs one pointer comparison per item.
             if block.size == size and block.items == span:
+                self.nulls |= block.nulls
                 return block
         if size == LEAF:
             body = _encode([self._item(v) for v in span])
             key = blob_key(body)
             self.blobs.setdefault(key, body)
+            nulls = b"null" in body
+            self.nulls |= nulls
             # Strings and numbers never change; anything else is copied: whoever made ``span`` may change it.
             items: list[Any] = span if all(type(v) in _IMMUTABLE for v in span) else _decode(_encode(span))
         else:
@@ -190,20 +198,22 @@ class Packer:
                 key = self._index[child_keys] = blob_key(body)
                 self.blobs.setdefault(key, body)
             items = [item for c in children for item in c.items]
-        return self._remember_block(key, size, items)
+            nulls = any(c.nulls for c in children)
+        return self._remember_block(key, size, items, nulls)
 
-    def _remember_block(self, key: str, size: int, items: list[Any]) -> _Block:
+    def _remember_block(self, key: str, size: int, items: list[Any], nulls: bool) -> _Block:
         if len(self._by_key) >= _BLOCK_LIMIT:
             self._by_first.clear()
             self._by_key.clear()
             self._index.clear()
-        block = _Block(key, size, items)
+        block = _Block(key, size, items, nulls)
         self._by_key[key] = block
         self._by_first.setdefault(id(items[0]), []).append(block)
         return block
 
     def _blob(self, packed: Any) -> dict[str, str]:
         body = _encode(packed)
+        self.nulls |= b"null" in body
         key = blob_key(body)
         self.blobs.setdefault(key, body)
         return {"$blob": key}

@@ -59,6 +59,7 @@ from flowkernel.expression_scope import INLINE_ONLY, NeedsThread, Scope, set_sco
 from flowkernel.expressions import is_constant
 from flowkernel.ids import new_node_run_id
 from flowkernel.node import Interrupted, WaitFor
+from flowkernel.nonfinite import check_encoded, refuse_non_finite
 from flowkernel.offload import CANCELLED, call_off_loop, expression_limits
 from flowkernel.packing import LEAF, PACKED_PREFIX, Packer
 from flowkernel.reducer import ALL, apply, own
@@ -494,13 +495,19 @@ class RunExecution:
         large = field is not None and type(payload := getattr(draft, field)) in _WHOLE and _large(payload)
         try:
             if large:
+                self._packer.nulls = False
                 body, event = self._pack(draft, field)  # type: ignore[arg-type]
+                if self._packer.nulls or _NULL in body:
+                    refuse_non_finite(payload)
             else:
                 body = _encode(draft)
+                if field is not None:
+                    check_encoded(getattr(draft, field), body)
                 event = draft if _json_already(draft) else decode(body)
         except (TypeError, ValueError, RecursionError, msgspec.EncodeError) as exc:
             # Not JSON: a set, a key that is not a string, text with a lone surrogate (a ValueError),
-            # nesting deeper than the encoder goes (a RecursionError).
+            # nesting deeper than the encoder goes (a RecursionError), a NaN or Infinity (which the
+            # encoder would write as null: a ValueError naming where it is).
             if isinstance(draft, NodeComplete):
                 draft = NodeError(nodeId=draft.nodeId, runId=draft.runId, item=draft.item,
                                   errorType="invalid_output", message=f"output is not JSON: {exc}",
@@ -920,6 +927,7 @@ def _json_already(draft: BaseEvent) -> bool:
 
 
 _encode = encoder.encode
+_NULL = b"null"  # in an encoded payload wherever a None was, or a NaN or Infinity (flowkernel.nonfinite)
 
 # The field of an event that carries a node's data, and when that data is large enough to pack: a long
 # list or a long string, at most three levels down (a transcript in an output, a history in the args of
