@@ -141,8 +141,9 @@ def guard(compiled: jsonata.Jsonata) -> None:
     env.bind("replace", _REPLACE)
 
 
-def evaluate_open(compiled: jsonata.Jsonata, source: str, context: Any, variables: Any) -> Any:
-    """Evaluate an open expression under a budget of this thread's scope."""
+def evaluate_open(compiled: jsonata.Jsonata, quoted: str, context: Any, variables: Any) -> Any:
+    """Evaluate an open expression under a budget of this thread's scope; ``quoted`` is its source as
+    error messages show it (``flowkernel.expressions.quoted``: cut short, so a message stays one line)."""
     scope = current_scope()
     if scope.inline_only:
         raise NeedsThread
@@ -158,12 +159,12 @@ def evaluate_open(compiled: jsonata.Jsonata, source: str, context: Any, variable
     except _Stop as stop:
         if stop.cancelled:
             raise EvaluationCancelled from None
-        raise ExpressionLimitError(f"{source!r}: {stop}") from None
+        raise ExpressionLimitError(f"{quoted}: {stop}") from None
     except RecursionError:
-        raise ExpressionLimitError(f"{source!r}: recursed deeper than Python allows "
+        raise ExpressionLimitError(f"{quoted}: recursed deeper than Python allows "
                                    f"(lower FLOWKERNEL_EXPR_MAX_DEPTH to stop it sooner)") from None
     except Exception as exc:  # jsonata raises bare RuntimeErrors and the odd TypeError
-        raise ExpressionError(f"{source!r}: {exc}") from None
+        raise ExpressionError(f"{quoted}: {exc}") from None
     finally:
         _local.budget = previous
 

@@ -101,7 +101,7 @@ class Expr:
         if not self.bounded:
             from flowkernel.expression_bounds import evaluate_open
 
-            value = evaluate_open(self._compiled, self.source, context, bindings)
+            value = evaluate_open(self._compiled, quoted(self.source), context, bindings)
         else:
             try:
                 value = self._compiled.evaluate(context, bindings)

@@ -326,3 +326,16 @@ def test_a_stopping_worker_hands_over_a_run_whose_scheduler_is_computing_an_expr
     assert record.status == "running" and record.leaseOwner is None
     assert not any(e.type == "node:start" and e.nodeId == "then" for e in kernel.events(run_id))
     kernel.close()
+
+
+def test_a_limit_error_quotes_a_long_expression_cut_short_so_the_message_stays_one_readable_line(
+        tmp_path: Path, clean_env: dict[str, str]) -> None:
+    long = "($filler := '" + "x" * 9000 + "'; $count([1..10000000]))"  # valid (under 10,000 characters), open
+    run = fk("run", write_flow(tmp_path, [{"id": "calc", "type": "transform", "input": {"expr": long}}]), "--json",
+             "--db", str(tmp_path / "r.db"), cwd=tmp_path, env=clean_env)
+    assert run.returncode == 1
+    error = next(e for e in map(json.loads, run.stdout.splitlines()) if e["type"] == "node:error")
+    assert "FLOWKERNEL_EXPR_MAX_ITEMS" in error["message"] and "($filler := 'xxx" in error["message"]
+    assert len(error["message"]) < 300, error["message"]
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and len(lines[0]) < 500, run.stderr
