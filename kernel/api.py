@@ -910,7 +910,7 @@ class Kernel:
         def before(snap: RunSnapshot) -> list[BaseEvent]:
             current = self.stored_flow(snap.flowHash, self.store.get_run(run_id))
             below = 0.0
-            if cmd.kind == "resume" and (run_limit(current, snap) is not None or cmd.budget is not None):
+            if cmd.kind in ("resume", "retry") and (run_limit(current, snap) is not None or cmd.budget is not None):
                 totals = self.store.descendant_totals([run_id]).get(run_id)
                 below = totals.totalCostUsd if totals is not None else 0.0
             outcome = judge_command(current, snap, cmd, executing=False, below=below)

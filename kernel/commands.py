@@ -263,6 +263,11 @@ def judge_command(flow: CompiledFlow, snap: RunSnapshot, cmd: Command, *, execut
     # retry
     if status != "failed":
         return _reject(cmd, f"run {snap.runId} is {status}; retry re-runs the failed nodes of a failed run")
+    # As for resume (which on a failed run re-runs the failed nodes too): a run that has spent its budget
+    # would pause again at its first model call, paid for; `resume --budget` raises the limit instead.
+    over = resume_problem(flow, snap, None, below=below)
+    if over is not None:
+        return _reject(cmd, over)
     return _accept(cmd)
 
 

@@ -321,6 +321,56 @@ def test_cli_refuses_a_budget_that_is_not_a_positive_number_and_validate_names_t
     assert "maxCostUsd" in schema["$defs"]["Policy"]["properties"]
 
 
+def spent_then_failed(budget: float | None = None) -> dict[str, Any]:
+    """``agent`` spends $0.30 and completes; then ``b`` fails (``boom``), so the run ends ``failed``. With a
+    ``budget`` under $0.30 (a flow the failed run continues on, ``--flow``), the run has spent it."""
+    extra: dict[str, Any] = {} if budget is None else {"budget": {"maxCostUsd": budget}}
+    return {"name": "spent", **extra,
+            "nodes": [{"id": "agent", "type": "claude.agent",
+                       "input": {"prompt": "Say done", "model": "claude-sonnet-5-5"}},
+                      {"id": "b", "type": "python", "input": {"function": "boom"}}],
+            "edges": [{"from": "agent", "to": "b"}]}
+
+
+BOOM_PLUGIN = ("from flowkernel.registry import default_registry\n\n"
+               "def boom():\n    raise RuntimeError('boom')\n\n"
+               "default_registry().add_function('boom', boom)\n")
+
+
+def test_cli_retry_of_a_failed_run_that_has_spent_its_budget_is_refused_as_resume_is(
+        tmp_path: Path, fake: FakeAnthropic, clean_env: dict[str, str]) -> None:
+    fake.script(reply(Text("done"), **CALL))
+    (tmp_path / "boom_plugin.py").write_text(BOOM_PLUGIN)
+    (tmp_path / "flow.json").write_text(json.dumps(spent_then_failed()))
+    (tmp_path / "lower.json").write_text(json.dumps(spent_then_failed(budget=0.25)))
+    env = {**clean_env, "ANTHROPIC_BASE_URL": fake.base_url, "ANTHROPIC_API_KEY": "test",
+           "PYTHONPATH": f"{clean_env['PYTHONPATH']}:{tmp_path}"}
+    plugin = ["--plugin", "boom_plugin"]
+    run = fk(*plugin, "run", "flow.json", "--db", "runs.db", "--json", cwd=tmp_path, env=env)
+    assert run.returncode == 1, run.stderr
+    run_id = json.loads(run.stdout.splitlines()[0])["flowRunId"]
+    # continued on a flow whose budget is under what the run spent, the run fails again at b
+    again = fk(*plugin, "retry", run_id, "--flow", "lower.json", "--db", "runs.db", cwd=tmp_path, env=env)
+    assert again.returncode == 1 and "boom" in again.stderr, again.stderr
+
+    def log() -> list[dict[str, Any]]:
+        shown = fk("events", run_id, "--db", "runs.db", "--json", cwd=tmp_path, env=env)
+        return [json.loads(line) for line in shown.stdout.splitlines()]
+
+    before = log()
+    resumed = fk(*plugin, "resume", run_id, "--db", "runs.db", cwd=tmp_path, env=env)
+    retried = fk(*plugin, "retry", run_id, "--db", "runs.db", cwd=tmp_path, env=env)
+
+    refusal = f"flowkernel: run {run_id} has spent $0.3 of its $0.25 budget; resume with a higher limit: --budget 0.5"
+    assert resumed.stderr.strip() == refusal and resumed.returncode == 2, resumed.stderr
+    assert retried.stderr.strip() == refusal and retried.returncode == 2, retried.stderr
+    # each refusal is recorded, and nothing ran again
+    after = log()
+    assert [(e["type"], e["command"], e["accepted"]) for e in after[len(before):]] == [
+        ("command:received", "resume", False), ("command:received", "retry", False)]
+    assert fake.request_count == 1
+
+
 # --- over HTTP: the same Kernel.resume, through the worker pool -----------------------------------
 
 def test_resume_over_http_takes_a_budget_and_the_pool_continues_the_run(tmp_path: Path, fake: FakeAnthropic) -> None:
@@ -358,6 +408,45 @@ def test_resume_over_http_takes_a_budget_and_the_pool_continues_the_run(tmp_path
         assert [(e["message"], e["budgetUsd"]) for e in events] == [("go on", 1.0)]
         assert run()["snapshot"]["costLimits"] == {"flow": 1.0} and run()["run"]["totalCostUsd"] == 0.9
     assert fake.request_count == 3
+
+
+def test_retry_over_http_of_a_failed_run_that_has_spent_its_budget_is_refused_as_resume_is(
+        tmp_path: Path, fake: FakeAnthropic) -> None:
+    from flowkernel.nodes.claude.query import AnthropicQuery
+    from flowkernel.registry import default_registry
+
+    from tests.server_support import pool_worker, serving, wait_for
+    from tests.test_server import assert_problem
+
+    def boom() -> None:
+        raise RuntimeError("boom")
+
+    fake.script(reply(Text("done"), **CALL))
+    reg = default_registry().copy()
+    reg.add_function("boom", boom)
+    query = AnthropicQuery(base_url=fake.base_url, api_key="test", backoff_s=0.01, max_retries=3)
+    db = str(tmp_path / "runs.db")
+    with serving(db, registry=reg, services={"query_fn": query}) as live, \
+            pool_worker(db, registry=reg, services={"query_fn": query}), live.client() as http:
+        run_id = http.post("/api/v1/runs", json={"flowDocument": spent_then_failed()}).json()["runId"]
+
+        def ended_failed(after: int) -> bool:
+            events = http.get(f"/api/v1/runs/{run_id}/events", params={"after": after}).json()["items"]
+            return any(e["type"] == "flow:complete" and e["status"] == "failed" for e in events)
+
+        wait_for(lambda: ended_failed(0), what="the run to fail at b")
+        seq = http.get(f"/api/v1/runs/{run_id}").json()["snapshot"]["seq"]
+        lowered = http.post(f"/api/v1/runs/{run_id}/retry", json={"flowDocument": spent_then_failed(budget=0.25)})
+        assert lowered.status_code == 202, lowered.text
+        wait_for(lambda: ended_failed(seq), what="the run to fail again on the flow with the lower budget")
+
+        resumed = assert_problem(http.post(f"/api/v1/runs/{run_id}/resume", json={}), 409)
+        retried = assert_problem(http.post(f"/api/v1/runs/{run_id}/retry", json={}), 409)
+
+        assert "has spent $0.3 of its $0.25 budget" in retried["detail"] and "--budget 0.5" in retried["detail"]
+        assert retried["detail"] == resumed["detail"]
+        assert http.get(f"/api/v1/runs/{run_id}").json()["run"]["status"] == "failed"
+    assert fake.request_count == 1
 
 
 # --- the rule, pure ---------------------------------------------------------------------------------
