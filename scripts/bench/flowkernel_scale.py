@@ -157,11 +157,18 @@ print("HEAVY " + ",".join(heavy), file=sys.stderr)
 """
 
 
+# What running a flow cannot start without, whatever flowkernel does: the event loop (asyncio and anyio),
+# msgspec (events, snapshots) and the SQLite driver. The part of `run` above it is flowkernel's own.
+_DEPENDENCIES = "asyncio, anyio, msgspec, sqlite3"
+DEPENDENCY_FLOOR = f"dependency floor: python -c 'import {_DEPENDENCIES}' ms"
+
+
 def startup(runs: int = measure.STARTUP_RUNS) -> Metrics:
     """The flow file is validated once first (by the first ``run``, which also creates the store), as
     it is when a user runs a flow again: later runs and validations find it in the validation cache
     (``flowkernel.validated``; a cache folder of this measurement's own). ``validate`` with the cache
-    off is measured too: what checking a new or changed file costs."""
+    off is measured too: what checking a new or changed file costs. The dependency floor (importing
+    what a run needs from other packages, nothing of flowkernel's) shows what part of ``run`` is theirs."""
     fk._byte_compile()
     cmd = natural.cli()
     with measure.fresh_db() as db:
@@ -170,9 +177,11 @@ def startup(runs: int = measure.STARTUP_RUNS) -> Metrics:
         cold = {**os.environ, "FLOWKERNEL_CACHE_DIR": ""}
         run = [cmd, "run", str(flow), "--db", str(db)]
         subprocess.run(run, check=True, stdout=subprocess.DEVNULL, env=env)
-        samples: dict[str, list[float]] = {"python -c pass ms": [], "flowkernel run (one node) ms": [],
+        samples: dict[str, list[float]] = {"python -c pass ms": [], DEPENDENCY_FLOOR: [],
+                                           "flowkernel run (one node) ms": [],
                                            "flowkernel validate ms": [], "flowkernel validate, no cache ms": []}
         argvs = {"python -c pass ms": ([sys.executable, "-c", "pass"], env),
+                 DEPENDENCY_FLOOR: ([sys.executable, "-c", f"import {_DEPENDENCIES}"], env),
                  "flowkernel run (one node) ms": (run, env),
                  "flowkernel validate ms": ([cmd, "validate", str(flow)], env),
                  "flowkernel validate, no cache ms": ([cmd, "validate", str(flow)], cold)}
@@ -182,6 +191,7 @@ def startup(runs: int = measure.STARTUP_RUNS) -> Metrics:
         out: Metrics = {label: measure.median(v) for label, v in samples.items()}
         pass_ms = out["python -c pass ms"]
         out["run / python -c pass"] = out["flowkernel run (one node) ms"] / pass_ms
+        out["dependency floor / python -c pass"] = out[DEPENDENCY_FLOOR] / pass_ms
         out["validate / python -c pass"] = out["flowkernel validate ms"] / pass_ms
         probe = subprocess.run([sys.executable, "-c", _IMPORTS, "run", str(flow), "--db", str(db)],
                                capture_output=True, text=True, check=True, env=env)
