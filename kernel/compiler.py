@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
 from flowkernel.errors import FlowValidationError, Problem
 from flowkernel.expressions import (
     Condition,
@@ -26,14 +27,16 @@ from flowkernel.expressions import (
 from flowkernel.flowfile import canonical_json, flow_hash, read_flow_document
 
 
-@dataclass(frozen=True, slots=True)
-class RetrySpec:
+# A flow of 10,000 nodes compiles 20,000 of these when a run of it resumes: msgspec structs are built
+# several times faster than frozen dataclasses, and, holding nothing that refers back to them, need no
+# tracking by the cycle collector (whose passes over a process's whole heap a burst of tracked
+# allocations would set off).
+class RetrySpec(msgspec.Struct, frozen=True, gc=False):
     maxAttempts: int = 1
     backoffMs: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class PolicySpec:
+class PolicySpec(msgspec.Struct, frozen=True, gc=False):
     """A node's ``policy``, with the defaults of the flow file format."""
 
     retry: RetrySpec | None = None
@@ -42,8 +45,7 @@ class PolicySpec:
     maxCostUsd: float | None = None  # the node's budget in this run (DESIGN §12)
 
 
-@dataclass(frozen=True, slots=True)
-class CompiledEdge:
+class CompiledEdge(msgspec.Struct, frozen=True, gc=False):
     id: str
     index: int
     source: str
@@ -55,8 +57,7 @@ class CompiledEdge:
     for_each_as: str
 
 
-@dataclass(frozen=True, slots=True)
-class CompiledNode:
+class CompiledNode(msgspec.Struct, frozen=True, gc=False):
     id: str
     index: int
     type: str
