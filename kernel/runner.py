@@ -64,7 +64,7 @@ from flowkernel.offload import CANCELLED, call_off_loop, expression_limits
 from flowkernel.packing import LEAF, PACKED_PREFIX, Packer
 from flowkernel.reducer import ALL, apply, own
 from flowkernel.registry import Registry
-from flowkernel.scheduling import Decision, Progress, decide
+from flowkernel.scheduling import Decision, Progress, awake, decide
 from flowkernel.snapshot import InboxMessage, RunSnapshot
 from flowkernel.store.base import CommitRequest, EventRow, Lease, RunTotals, Store
 from flowkernel.store.fenced import fenced
@@ -296,7 +296,7 @@ class RunExecution:
                     tg.start_soon(self._watch_children)
                 for draft in first:
                     self._append(draft)
-                self._dirty |= set(self.flow.nodes)
+                self._dirty |= awake(self.flow, self.snap)
                 await self._step()
                 while (self.snap.status == "running" or self._active) and self._lost is None:
                     if self._draining and not self._active:
@@ -526,7 +526,7 @@ class RunExecution:
                 return event
             raise
         if touched:
-            self._dirty |= set(self.flow.nodes) if touched is ALL else touched
+            self._dirty |= awake(self.flow, self.snap) if touched is ALL else touched
         if type(event) in _PROGRESS and (type(event) is not NodeStart or event.item is not None):
             self._progress.follow(self.flow, event)
         after = _AFTER_APPLY.get(type(event))

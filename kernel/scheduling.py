@@ -150,6 +150,27 @@ class _Context:
         return self._value
 
 
+def awake(flow: CompiledFlow, snap: RunSnapshot) -> set[str]:
+    """The nodes ``decide`` may do something with in ``snap``: what to hand it when the whole run may
+    have changed (loaded, resumed), instead of every node. Left out are those it passes over: a node
+    done or skipped whose outgoing edges are all decided, a pending node one of whose incoming edges
+    is pending, a running node that is not a forEach group. A run of 10,000 nodes resumed halfway
+    then starts after looking at one node, not all of them."""
+    node_status, edge_status, outgoing, incoming = snap.nodeStatus, snap.edgeStatus, flow.outgoing, flow.incoming
+    out: set[str] = set()
+    for n in flow.nodes:
+        st = node_status.get(n)
+        if st == "done" or st == "skipped":
+            if any(edge_status[e] == "pending" for e in outgoing[n]):
+                out.add(n)
+        elif st == "pending":
+            if not any(edge_status[e] == "pending" for e in incoming[n]):
+                out.add(n)
+        elif st != "running" or n in snap.forEach:
+            out.add(n)  # failed (whatever its policy), waiting, a running forEach group
+    return out
+
+
 def decide(flow: CompiledFlow, snap: RunSnapshot, candidates: Iterable[str], running: int,
            finish: bool = True, progress: Progress | None = None) -> Decision:
     """Drafts for what must happen next. ``running`` is the number of node runs in flight;

@@ -38,10 +38,11 @@ from flowkernel.events import (
     NodeError,
     NodeSkipped,
     NodeStart,
+    encode,
 )
 from flowkernel.reducer import apply, fold, initial_snapshot, own
 from flowkernel.registry import Registry, default_registry
-from flowkernel.scheduling import Progress, decide
+from flowkernel.scheduling import Progress, awake, decide, running_count
 from flowkernel.snapshot import ForEachState, RunSnapshot
 from flowkernel.store.memory import MemoryStore
 from flowkernel.store.sqlite import SqliteStore
@@ -357,6 +358,28 @@ def test_progress_kept_event_by_event_equals_progress_counted_from_the_snapshot(
             assert finished == fresh.items(snap, n)[0], f"{n} after seq {ev.seq} ({ev.type})"
             fe = snap.forEach[n]
             assert all(r is not None or str(i) in fe.running for i, r in enumerate(fe.results[:cursor]))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
+@given(cases())
+def test_deciding_the_awake_nodes_decides_as_deciding_every_node(case: Case) -> None:
+    # After a change to the whole run (a load, a resume) the shell hands ``decide`` the nodes it may act
+    # on, not every node: on every snapshot of a run, and with and without the completion check, the
+    # drafts and the nodes put off must be the same.
+    outcome = _execute(case)
+    flow = outcome.flow
+    first = outcome.events[0]
+    assert isinstance(first, FlowStart)
+    snap = own(initial_snapshot(flow, first))
+    for ev in outcome.events[1:]:
+        snap, _ = apply(flow, snap, ev, owned=True)
+        running = running_count(snap)
+        for finish in (True, False):
+            every = decide(flow, snap, flow.nodes, running, finish)
+            some = decide(flow, snap, awake(flow, snap), running, finish)
+            where = f"after seq {ev.seq} ({ev.type}), finish={finish}"
+            assert [encode(d) for d in some.drafts] == [encode(d) for d in every.drafts], where
+            assert some.deferred == every.deferred, where
 
 
 # -- regressions the properties found (shrunk by hypothesis) ---------------------------------------
