@@ -364,6 +364,10 @@ class Kernel:
             raise InvalidInputError(f"run {run_id}: events after {after}: the first event is 1 (after 0)")
         return [decode(b) for b in self.store.read_events(run_id, after=after, until=until)]
 
+    def stored_events(self, run_id: str, until: int | None = None) -> list[bytes]:
+        """The run's events as stored: JSON objects, ``type`` first, for readers that decode only some."""
+        return self.store.read_events(run_id, until=until)
+
     def event_page(self, run_id: str, *, after: int = 0, types: frozenset[str] | None = None,
                    limit: int = 100) -> tuple[list[bytes], int | None]:
         """Up to ``limit`` stored events after seq ``after`` (of the given ``types`` only), each as the

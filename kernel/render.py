@@ -7,10 +7,10 @@ import os
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TextIO
 
-from flowkernel.events import BaseEvent
+from flowkernel.events import BaseEvent, decode
 from flowkernel.snapshot import RunSnapshot
 from flowkernel.store.base import RunRecord
 from flowkernel.summaries import RunSummary
@@ -104,6 +104,14 @@ class _Fields:
             raise KeyError(name) from None
 
 
+# Stored events the live view only counts, by the start of their JSON (msgspec writes the tag first).
+_COUNTED = {b'{"type":"node:complete': "done", b'{"type":"node:skipped': "skipped"}
+
+
+# Events whose lines need nothing of the run's history but when it started (``seed_later``).
+_WITHOUT_HISTORY = frozenset({"command:received", "flow:resumed"})
+
+
 class LiveView:
     """Prints one readable line per event as a run progresses; agent text streams inline.
 
@@ -131,12 +139,46 @@ class LiveView:
         self._calls: Counter[str] = Counter()  # model calls per chain
         self._tokens: dict[str, list[float]] = {}  # chain -> [in, out, cost]
         self._stamp = 0
+        self._history: Callable[[int], Iterable[BaseEvent | bytes]] | None = None  # see seed_later
+        self._history_until: int | None = None
 
-    def seed(self, events: Iterable[BaseEvent]) -> None:
+    def seed_later(self, history: Callable[[int], Iterable[BaseEvent | bytes]]) -> None:
+        """``seed`` with ``history(until)`` (the run's stored events up to seq ``until``: those before the
+        first one this view prints) when the first line that needs it comes. A run's history is as long
+        as the run, and the first lines of a resume (its command, ``flow:resumed``) need only the time
+        the run started: its first event, read now."""
+        for ev in history(1):
+            if self.t0 is None:
+                self.t0 = (decode(ev) if isinstance(ev, bytes) else ev).timestamp
+        self._history = history
+
+    def _seed_for(self, ev: BaseEvent) -> None:
+        """Take in the history put off by ``seed_later`` unless ``ev``'s line can do without it."""
+        if self._history_until is None:
+            self._history_until = ev.seq - 1  # events are shown once stored: each has its seq
+        if ev.type not in _WITHOUT_HISTORY:
+            history, self._history = self._history, None
+            if history is not None and self._history_until > 0:
+                self.seed(history(self._history_until))
+
+    def seed(self, events: Iterable[BaseEvent | bytes]) -> None:
         """Take in a run's stored history without printing it, so what follows (a resumed run) is
-        labelled and counted as part of the whole run."""
+        labelled and counted as part of the whole run. Events as stored (bytes) are decoded only when
+        the view keeps more of them than their type: a resumed run of 10,000 nodes prints its first
+        line without decoding every node's completion first."""
+        last: bytes | None = None
         for ev in events:
+            if isinstance(ev, bytes):
+                counted = _COUNTED.get(ev[:ev.find(b'",')])
+                if counted is not None:
+                    self.counts[counted] += 1
+                    last = ev
+                    continue
+                ev = decode(ev)
+            last = None
             self._note(ev)
+        if last is not None:  # its time is the view's latest
+            self._stamp = decode(last).timestamp or self._stamp
 
     def _note(self, ev: BaseEvent) -> None:
         """What the view keeps of an event: counts, labels, model calls."""
@@ -216,6 +258,8 @@ class LiveView:
             self.out.write("\n")
 
     def __call__(self, ev: BaseEvent) -> None:
+        if self._history is not None:
+            self._seed_for(ev)
         self._note(ev)
         d = _Fields(ev)
         t = ev.type

@@ -6,7 +6,19 @@ import io
 import json
 from typing import Any
 
-from flowkernel.events import AgentTextDelta, EdgeFire, FlowComplete, NodeComplete, NodeStart, StatePatch
+import msgspec
+from flowkernel.events import (
+    AgentTextDelta,
+    CommandReceived,
+    EdgeFire,
+    FlowComplete,
+    FlowResumed,
+    NodeComplete,
+    NodeStart,
+    StatePatch,
+    decode,
+    encode,
+)
 from flowkernel.render import LiveView, preview
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -73,3 +85,56 @@ def test_a_run_shown_live_prints_every_event() -> None:
         view(ev)
     assert len(out.getvalue().splitlines()) == len(events)
     assert 'done in 0 ms → {"n":1}' in out.getvalue()
+
+
+def test_a_history_seeded_as_stored_counts_labels_and_times_as_one_seeded_decoded() -> None:
+    document = flow([py("a", "give"), py("b", "give"), {"id": "c", "type": "noop", "input": {}, "when": "false"}],
+                    [{"from": "a", "to": "b"}, {"from": "a", "to": "c"}])
+    kernel, snap, events = run_flow(document, reg=registry(give=lambda: {"n": 1}))
+    stored = kernel.stored_events(snap.runId)
+    assert [decode(b) for b in stored] == events
+    assert any(b.startswith(b'{"type":"node:skipped"') for b in stored)
+    events = [msgspec.structs.replace(ev, timestamp=1000 + 10 * i) for i, ev in enumerate(events)]  # all apart
+    bodies = [encode(ev) for ev in events]
+    assert bodies[-2].startswith(b'{"type":"node:complete"')  # a history that ends with one only counted
+    b_run = next(ev.runId for ev in events if isinstance(ev, NodeStart) and ev.nodeId == "b")
+    later = [NodeComplete(nodeId="b", runId=b_run, output=1, durationMs=3, timestamp=events[-1].timestamp + 5),
+             FlowComplete(status="completed", timestamp=events[-1].timestamp + 9)]
+
+    def shown(history: list[Any]) -> tuple[Any, ...]:
+        out = io.StringIO()
+        view = LiveView(out)
+        view.seed(history)
+        seeded = (dict(view.counts), view.t0, view._stamp, dict(view._labels))
+        for ev in later:
+            view(ev)
+        return seeded, out.getvalue()
+
+    for cut in (len(events), len(events) - 1):
+        assert shown(bodies[:cut]) == shown(events[:cut])
+    assert shown(bodies)[0][0] == {"done": 2, "skipped": 1}
+
+
+def test_a_resumed_run_prints_its_first_lines_before_reading_its_history() -> None:
+    document = flow([py("a", "give"), py("b", "give")], [{"from": "a", "to": "b"}])
+    kernel, snap, events = run_flow(document, reg=registry(give=lambda: {"n": 1}))
+    stored = kernel.stored_events(snap.runId)[:-1]  # a run stopped before its end
+    asked: list[int] = []
+
+    def history(until: int) -> list[bytes]:
+        asked.append(until)
+        return stored[:until]
+
+    out = io.StringIO()
+    view = LiveView(out)
+    view.seed_later(history)
+    start = events[0].timestamp
+    resumed = [CommandReceived(command="resume", accepted=True, seq=len(stored) + 1, timestamp=start + 2000),
+               FlowResumed(message="continue", seq=len(stored) + 2, timestamp=start + 2000)]
+    for ev in resumed:
+        view(ev)
+    assert asked == [1]  # the first event only: when the run started
+    assert out.getvalue().splitlines()[0].startswith("   2.00s ⌘ resume")
+    view(FlowComplete(status="completed", seq=len(stored) + 3, timestamp=start + 2001))
+    assert asked == [1, len(stored)]  # the history before the first event shown, once
+    assert out.getvalue().splitlines()[-1].endswith("■ completed              2 done, 0 skipped")

@@ -79,14 +79,14 @@ def cmd_resume(args: argparse.Namespace) -> int:
     with opened(args) as kernel:
         flow = kernel.flow_for_run(args.run, args.flow) if args.flow else None
         snap = run_async(kernel.resume, args.run, args.message, budget=args.budget, flow=flow,
-                         on_event=printer(args, lambda: kernel.events(args.run)))
+                         on_event=printer(args, lambda until: kernel.stored_events(args.run, until)))
         return exit_for(snap, args.run, args)
 
 
 def cmd_retry(args: argparse.Namespace) -> int:
     with opened(args) as kernel:
         flow = kernel.flow_for_run(args.run, args.flow) if args.flow else None
-        snap = run_async(kernel.retry, args.run, flow=flow, on_event=printer(args, lambda: kernel.events(args.run)))
+        snap = run_async(kernel.retry, args.run, flow=flow, on_event=printer(args, lambda until: kernel.stored_events(args.run, until)))
         return exit_for(snap, args.run, args)
 
 
@@ -102,7 +102,7 @@ def _command(args: argparse.Namespace, kind: str) -> int:
 
         if kind in ("reply", "send"):
             # Nobody executes the run? Then it continues here, streaming like `run` does.
-            _, snap = run_async(kernel.deliver, args.run, cmd, on_event=printer(args, lambda: kernel.events(args.run)),
+            _, snap = run_async(kernel.deliver, args.run, cmd, on_event=printer(args, lambda until: kernel.stored_events(args.run, until)),
                                 on_accepted=accepted)
             if snap is None and kernel.store.get_run(args.run).pooled:
                 print(f"flowkernel: run {args.run} is the workers' (`flowkernel worker`): one continues it",

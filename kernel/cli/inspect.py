@@ -158,7 +158,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 def cmd_events(args: argparse.Namespace) -> int:
     with opened(args, readonly=True) as kernel:
         kernel.store.get_run(args.run)
-        emit = printer(args, lambda: kernel.events(args.run, until=args.after))
+        emit = printer(args, lambda until: kernel.events(args.run, until=min(until, args.after)))
         if not args.follow:
             for ev in kernel.events(args.run, after=args.after):
                 emit(ev)

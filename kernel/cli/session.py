@@ -54,10 +54,11 @@ def settings_of(args: argparse.Namespace) -> RunSettings:
     return RunSettings.of(getattr(args, "fixtures", None), plugins)
 
 
-def printer(args: argparse.Namespace, history: Callable[[], Iterable[BaseEvent]] | None = None) -> Any:
-    """What prints a run's events: JSON lines, or the live view. The view first takes in ``history()``
-    (the run's stored events before those it will print), so a continued run is timed from its start,
-    labelled and counted as a whole."""
+def printer(args: argparse.Namespace, history: Callable[[int], Iterable[BaseEvent | bytes]] | None = None) -> Any:
+    """What prints a run's events: JSON lines, or the live view. The view takes in ``history(until)``
+    (the run's stored events up to seq ``until``, decoded or as stored: those before the ones it
+    prints), so a continued run is timed from its start, labelled and counted as a whole; it reads
+    them when a line first needs them (``LiveView.seed_later``)."""
     if args.json:
         from flowkernel.events import encode
 
@@ -72,7 +73,7 @@ def printer(args: argparse.Namespace, history: Callable[[], Iterable[BaseEvent]]
 
     view = LiveView(sys.stdout, wall=getattr(args, "wall", False))
     if history is not None:
-        view.seed(history())
+        view.seed_later(history)
 
     def show(ev: BaseEvent) -> None:
         try:
