@@ -63,7 +63,9 @@ def summary(record: RunRecord, descendants: RunTotals | None = None, *, interrup
 
 
 # Fields of the run row that a summary leaves out but a run's detail shows (``show --json``, the API).
-_DETAIL = ("seq", "flowHash", "input", "parentNodeRunId", "forkedFrom", "forkedAt", "idempotencyKey", "settings")
+# ``pooled``: the workers execute the run, so the API's resume and retry can hand it back to them.
+_DETAIL = ("seq", "flowHash", "input", "parentNodeRunId", "forkedFrom", "forkedAt", "idempotencyKey", "settings",
+           "pooled")
 
 
 def detail_view(record: RunRecord, run: RunSummary) -> dict[str, Any]:

@@ -550,6 +550,42 @@ def test_a_failed_run_shows_its_errors_with_their_details_and_offers_retry(
     ui.assert_clean()
 
 
+def test_resume_and_retry_of_a_run_a_cli_process_started_are_disabled_saying_how_to_continue_it(
+        open_page: Callable[..., Watched], server: Server, executor: Executor, tmp_path: Path) -> None:
+    """The API cannot hand such a run to its workers (409 not-pooled): the page says so before a click."""
+    def flaky(marker: str) -> dict[str, Any]:
+        return {"name": "flaky", "nodes": [{"id": "b", "type": "python", "input": {
+            "function": "fail_first_time", "args": {"marker": str(tmp_path / marker)}}}], "edges": []}
+
+    run_id = executor.run(write_flow(tmp_path, flaky("failed-once")))  # as `flowkernel run` would: not the pool's
+    assert snapshot(server, run_id)["run"]["pooled"] is False
+    assert server.api("POST", f"/runs/{run_id}/retry", json={}).status_code == 409
+    ui = open_page(f"#/runs/{run_id}")
+    page = ui.page
+    expect(page.locator(".run-head .badge")).to_have_text("failed")
+    retry = page.get_by_role("button", name="Retry failed nodes")
+    expect(retry).to_be_disabled()
+    expect(retry).to_have_attribute("title", re.compile(rf"flowkernel run process.*flowkernel retry {run_id}"))
+    resume = page.get_by_role("button", name="Resume", exact=True)
+    expect(resume).to_be_disabled()
+    expect(resume).to_have_attribute("title", re.compile(rf"flowkernel resume {run_id}"))
+    expect(page.get_by_label("Resume with a message")).to_be_disabled()
+    note = page.locator(".actions .not-pooled-note")
+    expect(note).to_contain_text(f"flowkernel retry {run_id}")
+    expect(note).to_contain_text(f"flowkernel resume {run_id}")
+    expect(retry).to_have_attribute("aria-describedby", note.get_attribute("id") or "missing")
+    # A run the pool executes keeps them enabled (retrying it from the page is the next test's).
+    pooled = create_run(server, flaky("pooled-failed-once"))
+    wait_for(lambda: snapshot(server, pooled)["run"]["status"] == "failed", what="the pooled run to fail")
+    assert snapshot(server, pooled)["run"]["pooled"] is True
+    ui.goto(f"#/runs/{pooled}")
+    expect(page.locator(".run-head .badge")).to_have_text("failed")
+    expect(page.get_by_role("button", name="Retry failed nodes")).to_be_enabled()
+    expect(page.get_by_role("button", name="Resume", exact=True)).to_be_enabled()
+    expect(page.locator(".actions .not-pooled-note")).to_have_count(0)
+    ui.assert_clean()
+
+
 def test_the_runs_list_shows_a_run_created_over_the_api(
         open_page: Callable[..., Watched], server: Server) -> None:
     ui = open_page("#/")

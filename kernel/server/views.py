@@ -61,6 +61,9 @@ class RunInfo(RunSummary):
     forkedFrom: str | None = None
     forkedAt: int | None = None
     idempotencyKey: str | None = None
+    pooled: bool = Field(False, description="the worker pool executes the run (it was queued): `/resume` and "
+                                            "`/retry` hand it back to the workers; a run a `flowkernel run` process "
+                                            "started is not theirs (409 `not-pooled`): continue it with the CLI")
 
 
 class RunDetail(BaseModel):

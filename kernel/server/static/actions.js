@@ -58,12 +58,27 @@ export class Actions {
   update(detail) {
     const snap = detail.snapshot;
     const live = liveNodeRuns(snap);
-    const key = JSON.stringify([detail.run.status, Object.entries(snap.waiting || {}).map(([n, w]) => [n, w.runId]),
-      live.map((l) => l.runId)]);
+    const key = JSON.stringify([detail.run.status, detail.run.pooled,
+      Object.entries(snap.waiting || {}).map(([n, w]) => [n, w.runId]), live.map((l) => l.runId)]);
     if (key === this.key) return false;
     this.key = key;
     const allowed = ALLOWED[detail.run.status] || [];
     const parts = [];
+    // Resume and retry hand the run to the server's workers; a run a `flowkernel run` process started
+    // is not theirs (the API refuses with 409 not-pooled), so those controls are disabled and say how
+    // to continue it instead. (A server that does not say `pooled` gets the controls as before.)
+    const elsewhere = detail.run.pooled === false && (allowed.includes("retry") || allowed.includes("resume"));
+    const noteId = elsewhere ? uid("not-pooled") : null;
+    const why = (kind) => (elsewhere ? `Started by a flowkernel run process, not queued for this server's workers: ` +
+      `continue it from a terminal with flowkernel ${kind} ${this.runId}` : null);
+    if (elsewhere) {
+      const commands = ["retry", "resume"].filter((k) => allowed.includes(k))
+        .map((k) => h("code", {}, `flowkernel ${k} ${this.runId}`));
+      const joined = commands.flatMap((c, i) => (i ? [" or ", c] : [c]));
+      parts.push(h("p", { class: "not-pooled-note", id: noteId }, "A ", h("code", {}, "flowkernel run"),
+        " process started this run, not the server's workers, so this page cannot continue it: ", ...joined,
+        " does, from a terminal."));
+    }
     if (detail.run.status === "interrupted") {
       parts.push(h("p", { class: "interrupted-note" }, "No process executes this run any more: the one that ran it " +
         "stopped. ", h("code", {}, `flowkernel resume ${this.runId}`), " continues it where it stopped."));
@@ -76,9 +91,11 @@ export class Actions {
     if (allowed.includes("send") && sendable.length) parts.push(this.sendForm(sendable));
     const buttons = h("div", { class: "buttons" });
     if (allowed.includes("pause")) buttons.append(this.button("Pause", "pause", () => ({})));
-    if (allowed.includes("retry")) buttons.append(this.button("Retry failed nodes", "retry", () => ({})));
+    if (allowed.includes("retry")) {
+      buttons.append(this.button("Retry failed nodes", "retry", () => ({}), { why: why("retry"), noteId }));
+    }
     if (buttons.childElementCount) parts.push(buttons);
-    if (allowed.includes("resume")) parts.push(this.resumeForm());
+    if (allowed.includes("resume")) parts.push(this.resumeForm({ why: why("resume"), noteId }));
     if (allowed.includes("abort")) parts.push(this.abortForm());
     if (!parts.length) {
       parts.push(h("p", { class: "empty" }, detail.run.status === "completed" || detail.run.status === "aborted"
@@ -121,10 +138,10 @@ export class Actions {
     this.alert.hidden = false;
   }
 
-  button(label, kind, body) {
+  button(label, kind, body, unavailable = {}) {
     const b = h("button", { type: "button", class: kind === "pause" ? "" : "primary" }, label);
     b.addEventListener("click", () => this.command(kind, body(), [b]));
-    return b;
+    return unavailable.why ? disable(b, unavailable) : b;
   }
 
   replyCard(nodeId, waiting) {
@@ -174,7 +191,7 @@ export class Actions {
     return form;
   }
 
-  resumeForm() {
+  resumeForm(unavailable = {}) {
     const id = uid("resume");
     const input = h("input", { id, name: "message", type: "text", placeholder: "continue" });
     const submit = h("button", { type: "submit", class: "primary" }, "Resume");
@@ -184,6 +201,10 @@ export class Actions {
       event.preventDefault();
       this.command("resume", input.value.trim() ? { message: input.value } : {}, [submit]);
     });
+    if (unavailable.why) {
+      disable(input, unavailable);
+      disable(submit, unavailable);
+    }
     return form;
   }
 
@@ -199,4 +220,12 @@ export class Actions {
     });
     return form;
   }
+}
+
+/** ``control`` disabled for ``why`` (its tooltip), described by the note with id ``noteId``. */
+function disable(control, { why, noteId }) {
+  control.disabled = true;
+  control.title = why;
+  if (noteId) control.setAttribute("aria-describedby", noteId);
+  return control;
 }
