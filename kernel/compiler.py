@@ -15,6 +15,7 @@ from typing import Any
 import msgspec
 from flowkernel.errors import FlowValidationError, Problem
 from flowkernel.expressions import (
+    ALWAYS,
     Condition,
     Expr,
     Template,
@@ -182,29 +183,29 @@ def _compile(document: dict[str, Any], source: str, base_dir: Path | None, probl
              lazy: bool = False, stored: tuple[str, str] | None = None) -> CompiledFlow:
     """Build the graph from a document whose shape is valid (checked now, or when it was stored);
     ``lazy``: node inputs are compiled when first used (a valid document compiles without problems)."""
+    # (A stored flow of 10,000 nodes compiles when a run of it resumes: what is absent costs nothing.)
     nodes: dict[str, CompiledNode] = {}
     for i, node in enumerate(document["nodes"]):
-        path = f"$.nodes[{i}]"
         raw_input = node.get("input") or {}
+        when, policy = node.get("when"), node.get("policy")
         nodes[node["id"]] = CompiledNode(
             id=node["id"], index=i, type=node["type"],
-            input=lazy_template(raw_input, f"{path}.input") if lazy else
-            compile_template(raw_input, f"{path}.input", problems),
+            input=lazy_template(raw_input, f"$.nodes[{i}].input") if lazy else
+            compile_template(raw_input, f"$.nodes[{i}].input", problems),
             raw_input=raw_input,
-            when=compile_when(node.get("when"), f"{path}.when", problems),
-            policy=_policy(node.get("policy")),
+            when=ALWAYS if when is None else compile_when(when, f"$.nodes[{i}].when", problems),
+            policy=_policy(policy) if policy else _NO_POLICY,
         )
     edges: dict[str, CompiledEdge] = {}
     gates: dict[str, str] = {}
     for i, edge in enumerate(document.get("edges") or []):
-        path = f"$.edges[{i}]"
         edge_id = edge.get("id") or f"{edge['from']}->{edge['to']}"
-        for_each = edge.get("forEach")
-        fe = compile_expr(strip_braces(for_each["in"]), f"{path}.forEach.in", problems) if for_each else None
+        when, for_each, bound = edge.get("when"), edge.get("forEach"), edge.get("maxIterations")
+        fe = compile_expr(strip_braces(for_each["in"]), f"$.edges[{i}].forEach.in", problems) if for_each else None
         edges[edge_id] = CompiledEdge(
             id=edge_id, index=i, source=edge["from"], target=edge["to"],
-            when=compile_when(edge.get("when"), f"{path}.when", problems),
-            is_loop=edge.get("maxIterations") is not None, max_iterations=edge.get("maxIterations"),
+            when=ALWAYS if when is None else compile_when(when, f"$.edges[{i}].when", problems),
+            is_loop=bound is not None, max_iterations=bound,
             for_each=fe, for_each_as=for_each.get("as", "item") if for_each else "item",
         )
         if edge.get("gate") is not None:
@@ -219,21 +220,27 @@ def _compile(document: dict[str, Any], source: str, base_dir: Path | None, probl
                             max_concurrency=int(document.get("maxConcurrency", 8)))
     out: dict[str, list[str]] = {n: [] for n in nodes}
     inc: dict[str, list[str]] = {n: [] for n in nodes}
-    forward: dict[str, set[str]] = {n: set() for n in nodes}
+    loops = False
     for e in edges.values():
         out[e.source].append(e.id)
-        if not e.is_loop:
+        if e.is_loop:
+            loops = True
+        else:
             inc[e.target].append(e.id)
-            forward[e.source].add(e.target)
         if e.for_each is not None:
             compiled.for_each_into[e.target] = e.id
     compiled.outgoing = {n: tuple(v) for n, v in out.items()}
     compiled.incoming = {n: tuple(v) for n, v in inc.items()}
     compiled.gates = {n: gates.get(n, "all") for n in nodes}
-    for e in edges.values():
-        if e.is_loop:
-            reach = _reachable(forward, e.target)
-            compiled.reset_sets[e.id] = tuple(sorted(reach, key=lambda n: nodes[n].index))
+    if loops:  # what each loop edge resets: the nodes reachable from its target along non-loop edges
+        forward: dict[str, set[str]] = {n: set() for n in nodes}
+        for e in edges.values():
+            if not e.is_loop:
+                forward[e.source].add(e.target)
+        for e in edges.values():
+            if e.is_loop:
+                reach = _reachable(forward, e.target)
+                compiled.reset_sets[e.id] = tuple(sorted(reach, key=lambda n: nodes[n].index))
     return compiled
 
 

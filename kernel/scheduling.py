@@ -158,13 +158,18 @@ def awake(flow: CompiledFlow, snap: RunSnapshot) -> set[str]:
     then starts after looking at one node, not all of them."""
     node_status, edge_status, outgoing, incoming = snap.nodeStatus, snap.edgeStatus, flow.outgoing, flow.incoming
     out: set[str] = set()
-    for n in flow.nodes:
+    for n in flow.nodes:  # (loops, not any(): this runs over every node of the flow)
         st = node_status.get(n)
         if st == "done" or st == "skipped":
-            if any(edge_status[e] == "pending" for e in outgoing[n]):
-                out.add(n)
+            for e in outgoing[n]:
+                if edge_status[e] == "pending":
+                    out.add(n)
+                    break
         elif st == "pending":
-            if not any(edge_status[e] == "pending" for e in incoming[n]):
+            for e in incoming[n]:
+                if edge_status[e] == "pending":
+                    break
+            else:
                 out.add(n)
         elif st != "running" or n in snap.forEach:
             out.add(n)  # failed (whatever its policy), waiting, a running forEach group
