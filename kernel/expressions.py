@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
 from typing import Any, Protocol
 
+import msgspec
 from flowkernel.errors import ExpressionError, Problem
 
 # What jsonata-python returns for a function value (a builtin, a lambda or a partial application); set
@@ -159,24 +159,27 @@ class Template(Protocol):
     def render(self, context: Mapping[str, Any], variables: Mapping[str, Any] | None = None) -> Any: ...
 
 
-@dataclass(frozen=True, slots=True)
-class _Const:
+class _Node(msgspec.Struct, frozen=True):
+    """A part of a compiled template or condition: immutable, compared by value. (msgspec structs: a
+    class is made in a tenth of the time a dataclass takes, which every process that runs a flow
+    pays at import.)"""
+
+
+class _Const(_Node, frozen=True):
     value: Any
 
     def render(self, context: Mapping[str, Any], variables: Mapping[str, Any] | None = None) -> Any:
         return self.value
 
 
-@dataclass(frozen=True, slots=True)
-class _Whole:
+class _Whole(_Node, frozen=True):
     expr: Expr
 
     def render(self, context: Mapping[str, Any], variables: Mapping[str, Any] | None = None) -> Any:
         return self.expr.evaluate(context, variables)
 
 
-@dataclass(frozen=True, slots=True)
-class _Mixed:
+class _Mixed(_Node, frozen=True):
     parts: tuple[str | Expr, ...]
 
     def render(self, context: Mapping[str, Any], variables: Mapping[str, Any] | None = None) -> Any:
@@ -192,16 +195,14 @@ class _Mixed:
         return "".join(out)
 
 
-@dataclass(frozen=True, slots=True)
-class _Dict:
+class _Dict(_Node, frozen=True):
     items: tuple[tuple[str, Template], ...]
 
     def render(self, context: Mapping[str, Any], variables: Mapping[str, Any] | None = None) -> Any:
         return {k: t.render(context, variables) for k, t in self.items}
 
 
-@dataclass(frozen=True, slots=True)
-class _List:
+class _List(_Node, frozen=True):
     items: tuple[Template, ...]
 
     def render(self, context: Mapping[str, Any], variables: Mapping[str, Any] | None = None) -> Any:
@@ -281,16 +282,14 @@ class Condition(Protocol):
     def holds(self, context: Mapping[str, Any], variables: Mapping[str, Any] | None = None) -> bool: ...
 
 
-@dataclass(frozen=True, slots=True)
-class _Truthy:
+class _Truthy(_Node, frozen=True):
     expr: Expr
 
     def holds(self, context: Mapping[str, Any], variables: Mapping[str, Any] | None = None) -> bool:
         return truthy(self.expr.evaluate(context, variables))
 
 
-@dataclass(frozen=True, slots=True)
-class _Equals:
+class _Equals(_Node, frozen=True):
     var: Expr
     value: Any
 
@@ -298,24 +297,21 @@ class _Equals:
         return bool(self.var.evaluate(context, variables) == self.value)
 
 
-@dataclass(frozen=True, slots=True)
-class _Not:
+class _Not(_Node, frozen=True):
     inner: Condition
 
     def holds(self, context: Mapping[str, Any], variables: Mapping[str, Any] | None = None) -> bool:
         return not self.inner.holds(context, variables)
 
 
-@dataclass(frozen=True, slots=True)
-class _All:
+class _All(_Node, frozen=True):
     parts: tuple[Condition, ...]
 
     def holds(self, context: Mapping[str, Any], variables: Mapping[str, Any] | None = None) -> bool:
         return all(p.holds(context, variables) for p in self.parts)
 
 
-@dataclass(frozen=True, slots=True)
-class _Any:
+class _Any(_Node, frozen=True):
     parts: tuple[Condition, ...]
 
     def holds(self, context: Mapping[str, Any], variables: Mapping[str, Any] | None = None) -> bool:
