@@ -23,6 +23,7 @@ plus ratios against the floor and LangGraph. Progress goes to stderr, the report
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import inspect
 import json
@@ -291,6 +292,8 @@ def run_case(case: Case, systems: Sequence[System], repeat: int, warmup: int) ->
                 continue
             tag = f"warm-up {rep + 1}/{warmup}" if rep < warmup else f"rep {rep - warmup + 1}/{repeat}"
             measure.progress(f"[{case.label}] {system.spec.name} {tag} ...")
+            # What earlier scenarios and systems left behind is collected now, not inside this one's timing.
+            gc.collect()
             try:
                 with Stopwatch() as sw:
                     metrics = call_scenario(system, case)
