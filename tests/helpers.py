@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
 from typing import Any
 
 import anyio
@@ -47,3 +49,15 @@ def types(events: list[BaseEvent], *, node: str | None = None) -> list[str]:
 
 def started(events: list[BaseEvent]) -> list[str]:
     return [e.nodeId or "" for e in events if e.type == "node:start" and getattr(e, "item", None) is None]
+
+
+def run_id_once_a_node_started(proc: subprocess.Popen[str]) -> str | None:
+    """Read a `run --json` process's events until a node starts: the run's id, or None if it ended first."""
+    assert proc.stdout is not None
+    run_id = ""
+    for line in proc.stdout:
+        event = json.loads(line)
+        run_id = run_id or event["flowRunId"]
+        if event["type"] == "node:start":
+            return run_id
+    return None

@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 
+from tests.helpers import run_id_once_a_node_started
+
 ROOT = Path(__file__).resolve().parent.parent
 HELLO = ROOT / "flows" / "hello.json"
 
@@ -195,14 +197,10 @@ def _blocked_run(tmp_path: Path, env: dict[str, str]) -> tuple[subprocess.Popen[
     proc = subprocess.Popen([sys.executable, "-m", "flowkernel.cli", "--plugin", "tests.plugins.waiters", "run",
                              str(flow), "--json"], cwd=tmp_path, env=env, text=True, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE)
-    assert proc.stdout is not None
-    run_id = ""
-    for line in proc.stdout:
-        event = json.loads(line)
-        run_id = run_id or event["flowRunId"]
-        if event["type"] == "node:start":
-            return proc, run_id
-    raise AssertionError("the run ended before its node started")
+    run_id = run_id_once_a_node_started(proc)
+    if run_id is None:
+        raise AssertionError("the run ended before its node started")
+    return proc, run_id
 
 
 def _node_line(show: str, node: str) -> str:

@@ -16,6 +16,7 @@ import httpx
 import pytest
 from flowkernel.server import ServerConfig
 
+from tests.helpers import run_id_once_a_node_started
 from tests.server_support import Live, serving
 from tests.test_postgres import needs_pg, pg_url  # noqa: F401  (the fixture)
 from tests.test_server import HELLO, cli, hello
@@ -39,14 +40,10 @@ def blocked_run(db: str, tmp_path: Path, env: dict[str, str]) -> tuple[subproces
     proc = subprocess.Popen([sys.executable, "-m", "flowkernel", "--plugin", "tests.plugins.waiters", "run", str(flow),
                              "--db", db, "--json"], cwd=tmp_path, env=env, text=True, stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL)
-    assert proc.stdout is not None
-    run_id = ""
-    for line in proc.stdout:
-        event = json.loads(line)
-        run_id = run_id or event["flowRunId"]
-        if event["type"] == "node:start":
-            return proc, run_id
-    raise AssertionError("the run ended before its node started")
+    run_id = run_id_once_a_node_started(proc)
+    if run_id is None:
+        raise AssertionError("the run ended before its node started")
+    return proc, run_id
 
 
 def killed_run(db: str, tmp_path: Path, env: dict[str, str]) -> str:

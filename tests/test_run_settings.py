@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tests.helpers import run_id_once_a_node_started
+
 ROOT = Path(__file__).resolve().parent.parent
 ANSWER = "Mostly record transactions."  # what the research fixtures recorded
 
@@ -188,14 +190,10 @@ def test_the_printed_resume_and_retry_hints_work_as_printed_from_another_directo
         proc = subprocess.Popen([sys.executable, "-m", "flowkernel.cli", "--plugin", plugin, "run", flow,
                                  "--json", "--db", "r.db"], cwd=here, env=clean_env, text=True,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        assert proc.stdout is not None
-        run_id = ""
-        for line in proc.stdout:
-            event = json.loads(line)
-            run_id = run_id or event["flowRunId"]
-            if event["type"] == "node:start":
-                return proc, run_id
-        raise AssertionError(proc.communicate())
+        run_id = run_id_once_a_node_started(proc)
+        if run_id is None:
+            raise AssertionError(proc.communicate())
+        return proc, run_id
 
     # paused from another process: the run's own process prints how to continue it
     proc, run_id = started("tests.plugins.waiters", "blocked.json")
