@@ -16,7 +16,8 @@ scenario functions, among them
 each returning the figures of ONE repetition (keys listed in ``METRICS``; unknown extra keys
 are shown too). A module that fails to import is reported as "NAME: not available (reason)"
 and skipped; a missing scenario function or a scenario that raises leaves its cells empty.
-The table shows the median over ``--repeat`` runs (repetitions interleave the systems),
+The table shows the median over ``--repeat`` runs (repetitions interleave the systems, and the
+sizes of a SCHED group),
 plus ratios against the floor and LangGraph. Progress goes to stderr, the report to stdout.
 """
 
@@ -118,6 +119,10 @@ class Case:
     repeat: int | None = None  # at most this many measured runs (long cases)
     group: str | None = None  # cases of one group at several sizes: growth exponents between them
     size: int = 0
+    # Run the repetitions of the group's sizes in turn (5,000, 20,000, 5,000, ...) rather than all of
+    # one size, then all of the next: a slower minute on a shared machine then weighs on every size
+    # alike instead of bending the growth exponent.
+    interleave: bool = False
 
 
 # Growth exponents shown after the last case of each group: (metric, label).
@@ -227,10 +232,10 @@ def plan(quick: bool) -> list[Case]:
                           "s5_pg", kwargs=s5))
     fan = measure.FANOUT_SIZES_QUICK if quick else measure.FANOUT_SIZES
     cases += [Case("SCHED", f"fan-out of {n} branches (memory)", "fanout", args=(n,), group="fanout", size=n,
-                   repeat=3) for n in fan]
+                   repeat=5, interleave=True) for n in fan]
     each = measure.FOREACH_SIZES_QUICK if quick else measure.FOREACH_SIZES
     cases += [Case("SCHED", f"forEach over {n} items (memory)", "foreach", args=(n,), group="foreach", size=n,
-                   repeat=3) for n in each]
+                   repeat=5, interleave=True) for n in each]
     deltas = measure.DELTAS_QUICK if quick else measure.DELTAS
     cases.append(Case("DELTAS", f"{deltas:,} agent text deltas, one per {measure.DELTA_PACE_S * 1000:g} ms",
                       "deltas", kwargs={"n": deltas}, repeat=3))
@@ -276,40 +281,55 @@ def call_scenario(system: System, case: Case) -> Metrics:
     return {k: float(v) for k, v in result.items()}
 
 
-def run_case(case: Case, systems: Sequence[System], repeat: int, warmup: int) -> dict[str, CellResult]:
-    cells = {s.spec.name: CellResult() for s in systems}
-    active = [s for s in systems if case.func in s.funcs]  # a system without the scenario shows blanks
-    if case.repeat is not None:
-        repeat = min(repeat, case.repeat)
-        warmup = min(warmup, 1 if case.repeat > 1 else 0)
+def run_cases(cases: Sequence[Case], systems: Sequence[System], repeat: int, warmup: int) -> Results:
+    """Run ``cases`` (one, or the sizes of an interleaved group) repetition by repetition: each
+    repetition runs every case once, every system once per case."""
+    results: Results = {c.label: {s.spec.name: CellResult() for s in systems} for c in cases}
+    active = [s for s in systems if cases[0].func in s.funcs]  # a system without the scenario shows blanks
+    bound = min((c.repeat for c in cases if c.repeat is not None), default=None)
+    if bound is not None:
+        repeat = min(repeat, bound)
+        warmup = min(warmup, 1 if bound > 1 else 0)
     total = warmup + repeat
     for rep in range(total):
         # rotate the order each repetition so no system always runs first
         order = active[rep % len(active) :] + active[: rep % len(active)] if active else []
-        for system in order:
-            cell = cells[system.spec.name]
-            if cell.error is not None:
-                continue
-            tag = f"warm-up {rep + 1}/{warmup}" if rep < warmup else f"rep {rep - warmup + 1}/{repeat}"
-            measure.progress(f"[{case.label}] {system.spec.name} {tag} ...")
-            # What earlier scenarios and systems left behind is collected now, not inside this one's timing.
-            gc.collect()
-            try:
-                with Stopwatch() as sw:
-                    metrics = call_scenario(system, case)
-            except measure.Skipped as exc:
-                cell.error = f"not run: {exc}"
-                measure.progress(f"[{case.label}] {system.spec.name}: not run ({exc})")
-                continue
-            except Exception as exc:
-                cell.error = f"{type(exc).__name__}: {exc}"
-                measure.progress(traceback.format_exc())
-                continue
-            cell.wall_s += sw.seconds
-            if rep >= warmup:
-                cell.samples.append(metrics)
-            measure.progress(f"[{case.label}] {system.spec.name} {tag} done in {sw.seconds:.2f} s")
-    return cells
+        for case in cases:
+            for system in order:
+                cell = results[case.label][system.spec.name]
+                if cell.error is not None:
+                    continue
+                tag = f"warm-up {rep + 1}/{warmup}" if rep < warmup else f"rep {rep - warmup + 1}/{repeat}"
+                measure.progress(f"[{case.label}] {system.spec.name} {tag} ...")
+                # What earlier scenarios and systems left behind is collected now, not inside this one's timing.
+                gc.collect()
+                try:
+                    with Stopwatch() as sw:
+                        metrics = call_scenario(system, case)
+                except measure.Skipped as exc:
+                    cell.error = f"not run: {exc}"
+                    measure.progress(f"[{case.label}] {system.spec.name}: not run ({exc})")
+                    continue
+                except Exception as exc:
+                    cell.error = f"{type(exc).__name__}: {exc}"
+                    measure.progress(traceback.format_exc())
+                    continue
+                cell.wall_s += sw.seconds
+                if rep >= warmup:
+                    cell.samples.append(metrics)
+                measure.progress(f"[{case.label}] {system.spec.name} {tag} done in {sw.seconds:.2f} s")
+    return results
+
+
+def batches(cases: Sequence[Case]) -> list[list[Case]]:
+    """``cases`` in the runs ``run_cases`` takes: an interleaved group's sizes together, others alone."""
+    out: list[list[Case]] = []
+    for case in cases:
+        if case.interleave and out and out[-1][0].interleave and out[-1][0].group == case.group:
+            out[-1].append(case)
+        else:
+            out.append([case])
+    return out
 
 
 # --------------------------------------------------------------------------- report
@@ -463,8 +483,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         cases = [c for c in cases if c.scenario in wanted_scenarios]
     results: Results = {}
     with Stopwatch() as total:
-        for case in cases:
-            results[case.label] = run_case(case, systems, args.repeat, args.warmup)
+        for batch in batches(cases):
+            results.update(run_cases(batch, systems, args.repeat, args.warmup))
 
     headers, rows, notes = build_rows(cases, results, systems)
     print()
