@@ -20,6 +20,7 @@ from flowkernel.fixtures import (
     load_fixture_file,
     write_fixtures,
 )
+from flowkernel.nodes.claude.config import DEFAULT_MAX_TOKENS
 from flowkernel.store.memory import MemoryStore
 from flowkernel.testing.harness import FlowResult, assert_event_sequence, run_flow
 
@@ -31,7 +32,7 @@ def agent_doc(prompt: str = "Say hi", node: str = "agent") -> dict[str, Any]:
 
 
 def call(prompt: str, answer: str, **extra: Any) -> dict[str, Any]:
-    return {"input": {"model": "claude-sonnet-5-5", "max_tokens": 4096,
+    return {"input": {"model": "claude-sonnet-5-5", "max_tokens": DEFAULT_MAX_TOKENS,
                       "messages": [{"role": "user", "content": prompt}]},
             "output": {"content": [{"type": "text", "text": answer}], "stopReason": "end_turn",
                        "usage": {"inputTokens": 3, "outputTokens": 2}},
@@ -77,6 +78,35 @@ def test_volatile_paths_are_ignored_in_the_comparison(tmp_path: Path) -> None:
     kernel = Kernel(MemoryStore(), services={"query_fn": MockQuery(tmp_path, volatile=["messages[0].content"])})
     snap = anyio.run(kernel.run, kernel.compile(agent_doc("Something else")), {})
     assert snap.status == "completed"
+
+
+@pytest.mark.parametrize(("setting", "path"), [
+    ({"thinking": {"type": "adaptive", "effort": "high"}}, "thinking"),
+    ({"temperature": 0.2}, "temperature"),
+    ({"maxTokens": 1000}, "max_tokens"),
+])
+def test_a_setting_changed_after_recording_fails_the_replay(tmp_path: Path, setting: dict[str, Any],
+                                                            path: str) -> None:
+    recorded = call("Say hi", "hi")
+    recorded["input"]["model"] = "claude-sonnet-4-6"  # takes a temperature and adaptive thinking
+    write(tmp_path, "agent", {"calls": [recorded]})
+    doc = agent_doc()
+    doc["nodes"][0]["input"].update(setting, model="claude-sonnet-4-6")
+    result = run_flow(doc, fixtures=tmp_path)
+    assert result.status == "failed"
+    error = node_error(result)
+    assert error.errorType == "fixture_mismatch"
+    assert f"\n  {path}: recorded (absent)" in error.message or f"\n  {path}: recorded {DEFAULT_MAX_TOKENS}" \
+        in error.message, error.message
+
+
+def test_a_fixture_that_names_only_the_conversation_is_compared_on_it(tmp_path: Path) -> None:
+    partial = call("Say hi", "hi")
+    partial["input"] = {"model": "claude-sonnet-4-6", "messages": partial["input"]["messages"]}
+    write(tmp_path, "agent", {"calls": [partial]})
+    doc = agent_doc()
+    doc["nodes"][0]["input"].update(temperature=0.7, model="claude-sonnet-4-6")
+    assert run_flow(doc, fixtures=tmp_path).status == "completed"
 
 
 def test_missing_file_names_node_and_call_and_how_to_record(tmp_path: Path) -> None:
