@@ -18,7 +18,8 @@ validation depends on:
   jsonschema, jsonata, plugins' packages) and every source file of flowkernel.
 
 A record lives under ``FLOWKERNEL_CACHE_DIR`` (else ``$XDG_CACHE_HOME/flowkernel``, else
-``~/.cache/flowkernel``); set ``FLOWKERNEL_CACHE_DIR`` to an empty string to turn the cache off. A
+``~/.cache/flowkernel``); set ``FLOWKERNEL_CACHE_DIR`` to an empty string to turn the cache off. A record
+is touched when used; past ``MAX_RECORDS`` records the least recently used are removed. A
 document the key cannot be computed for is simply validated. A cache that cannot be read or written
 is as good as empty: it never stops a command. Only a flow that passed validation is ever recorded.
 
@@ -52,6 +53,7 @@ if TYPE_CHECKING:
 
 CACHE_ENV = "FLOWKERNEL_CACHE_DIR"
 _FORMAT = b"flowkernel validation record 1"
+MAX_RECORDS = 2000  # flows remembered as valid; the least recently used beyond are forgotten
 # Node types whose constant ``flow`` input names a file (its contents are part of the key).
 _FILE_KEYS = {"flow.call": "flow"}
 
@@ -109,7 +111,18 @@ def _look_up(path: str | Path, registry: Registry, check_names: bool) -> _Found:
         return _Found(document, source, base, None, None, False)
     key, canonical, digest = found
     record = folder / key
-    return _Found(document, source, base, record, (canonical, digest), record.exists())
+    return _Found(document, source, base, record, (canonical, digest), _used(record))
+
+
+def _used(record: Path) -> bool:
+    """Whether ``record`` exists; it is touched if so, so the records pruned first are the least used."""
+    try:
+        os.utime(record)
+        return True
+    except FileNotFoundError:
+        return False
+    except OSError:  # a cache that is read-only to this user: it still answers
+        return record.exists()
 
 
 def _validate(found: _Found, registry: Registry, check_names: bool) -> CompiledFlow:
@@ -124,8 +137,27 @@ def _validate(found: _Found, registry: Registry, check_names: bool) -> CompiledF
             found.record.parent.mkdir(parents=True, exist_ok=True)
             found.record.touch()
         except OSError:
-            pass  # not remembered: validated again next time
+            return flow  # not remembered: validated again next time
+        _forget_least_used(found.record.parent)
     return flow
+
+
+def _forget_least_used(folder: Path) -> None:
+    """Keep at most ``MAX_RECORDS`` records: past that, the least recently used tenth goes (every edit
+    of a flow makes a new record, and the old ones would otherwise stay for ever)."""
+    try:
+        with os.scandir(folder) as listing:
+            records = [(entry.stat().st_mtime_ns, entry.path) for entry in listing if entry.is_file()]
+    except OSError:
+        return
+    if len(records) <= MAX_RECORDS:
+        return
+    records.sort()
+    for _, path in records[: len(records) - MAX_RECORDS * 9 // 10]:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass  # another process pruned it first, or it is not ours to remove
 
 
 def cache_dir() -> Path | None:

@@ -341,3 +341,28 @@ def test_a_cache_that_cannot_be_written_stops_nothing(tmp_path: Path, clean_env:
     for _ in range(2):
         done, _ = probe("run", str(flow), "--db", str(tmp_path / "runs.db"), cwd=tmp_path, env=env)
         assert done.returncode == 0, done.stderr
+
+
+def test_the_cache_keeps_a_bounded_number_of_records_and_forgets_the_least_used_first(
+        tmp_path: Path, validations: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(validated, "MAX_RECORDS", 10)
+    registry = default_registry()
+    flows = [write(tmp_path / f"f{i}.json", {**ONE, "name": f"f{i}"}) for i in range(10)]
+    for f in flows:
+        load_valid_flow(f, registry)
+    folder = validated.cache_dir()
+    assert folder is not None and len(list(folder.iterdir())) == 10
+    for i, record in enumerate(sorted(folder.iterdir())):  # all of them used long ago, in some order
+        os.utime(record, (1_000_000 + i, 1_000_000 + i))
+    record = validated._look_up(flows[3], registry, True).record
+    assert record is not None
+    os.utime(record, (1, 1))  # the oldest of all
+    load_valid_flow(flows[3], registry)  # used now: it stays
+    assert validations.count(str(flows[3])) == 1
+    fresh = write(tmp_path / "new.json", {**ONE, "name": "new"})
+    load_valid_flow(fresh, registry)  # the eleventh record: the least used go
+    assert len(list(folder.iterdir())) == 9
+    validations.clear()
+    load_valid_flow(flows[3], registry)
+    load_valid_flow(fresh, registry)
+    assert validations == []  # both still known
