@@ -50,6 +50,7 @@ from flowkernel.events import (
     encode,
     encoder,
 )
+from flowkernel.gc_pause import collector_paused
 from flowkernel.ids import new_run_id, now_ms
 from flowkernel.nonfinite import loads_strict
 from flowkernel.offload import limits_from_env
@@ -200,8 +201,9 @@ class Kernel:
         base = Path(record.flowSource).parent if record.flowSource else None
         # The hash matched when it was stored, and it was validated then: compile without re-checking,
         # and without computing again the canonical text and hash it was stored under.
-        flow = self.compile(msgspec.json.decode(text), source=source, base_dir=base, trusted=True,
-                            stored=(text, flow_hash))
+        with collector_paused():
+            flow = self.compile(msgspec.json.decode(text), source=source, base_dir=base, trusted=True,
+                                stored=(text, flow_hash))
         self._flows[flow_hash] = flow
         return flow
 
@@ -337,15 +339,16 @@ class Kernel:
             self.check_seq(run_id, at)
         record = self.store.get_run(run_id)
         flows = self.flows_of(record)
-        checkpoint = load_checkpoint(self.store, run_id, at_most=at)
-        if checkpoint is None:
-            events = self.events(run_id, until=at)
-            if not events:
-                return self._queued_snapshot(self.flow_of(run_id), record)
-            # Folded from the flow the run started with: a later flow:updated switches it.
-            return fold(flows(getattr(events[0], "flowHash", record.flowHash)), events, flows=flows)
-        seq, snap = checkpoint
-        return fold(flows(snap.flowHash), self.events(run_id, after=seq, until=at), snap, flows=flows)
+        with collector_paused():
+            checkpoint = load_checkpoint(self.store, run_id, at_most=at)
+            if checkpoint is None:
+                events = self.events(run_id, until=at)
+                if not events:
+                    return self._queued_snapshot(self.flow_of(run_id), record)
+                # Folded from the flow the run started with: a later flow:updated switches it.
+                return fold(flows(getattr(events[0], "flowHash", record.flowHash)), events, flows=flows)
+            seq, snap = checkpoint
+            return fold(flows(snap.flowHash), self.events(run_id, after=seq, until=at), snap, flows=flows)
 
     def check_seq(self, run_id: str, at: int) -> None:
         """Raise InvalidInputError unless ``at`` is the seq of one of the run's events."""
