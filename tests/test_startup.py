@@ -1,0 +1,118 @@
+"""What a command does before its first line and after its last: loading a stored run builds its
+objects with the cycle collector held off, and the process exits without collecting what it holds.
+(How long any of it takes is measured by the benchmark, scripts/bench, never here.)"""
+
+from __future__ import annotations
+
+import gc
+import json
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import anyio
+import flowkernel.api
+import pytest
+from flowkernel.api import Kernel
+from flowkernel.gc_pause import collector_paused
+from flowkernel.store.sqlite import SqliteStore
+
+CHAIN = {"name": "chain", "nodes": [{"id": f"n{i}", "type": "noop", "input": {"i": i}} for i in range(3)],
+         "edges": [{"from": "n0", "to": "n1"}, {"from": "n1", "to": "n2"}]}
+
+
+def test_the_collector_is_off_inside_and_back_on_after_even_when_the_block_raises() -> None:
+    assert gc.isenabled()
+    with collector_paused():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    with pytest.raises(ValueError), collector_paused():
+        raise ValueError("boom")
+    assert gc.isenabled()
+
+
+def test_a_collector_turned_off_by_its_owner_stays_off() -> None:
+    gc.disable()
+    try:
+        with collector_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+def test_overlapping_pauses_in_two_threads_turn_it_back_on_only_when_the_last_ends() -> None:
+    entered, release = threading.Event(), threading.Event()
+    seen: list[bool] = []
+
+    def other() -> None:
+        with collector_paused():
+            entered.set()
+            release.wait(10)
+            seen.append(gc.isenabled())
+
+    thread = threading.Thread(target=other)
+    with collector_paused():
+        thread.start()
+        assert entered.wait(10)
+    assert not gc.isenabled()  # the other thread's pause still holds
+    release.set()
+    thread.join(10)
+    assert seen == [False] and gc.isenabled()
+
+
+def test_loading_a_stored_run_compiles_its_flow_and_reads_its_checkpoint_with_the_collector_off(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    db = tmp_path / "runs.db"
+    store = SqliteStore(db)
+    try:
+        kernel = Kernel(store)
+        snap = anyio.run(kernel.run, kernel.compile(CHAIN), {})
+        assert snap.status == "completed"
+    finally:
+        store.close()
+    enabled: dict[str, list[bool]] = {"compile": [], "checkpoint": []}
+    compile_flow, load_checkpoint = flowkernel.api.compile_flow, flowkernel.api.load_checkpoint
+
+    def compiling(*args: Any, **kwargs: Any) -> Any:
+        enabled["compile"].append(gc.isenabled())
+        return compile_flow(*args, **kwargs)
+
+    def loading(*args: Any, **kwargs: Any) -> Any:
+        enabled["checkpoint"].append(gc.isenabled())
+        return load_checkpoint(*args, **kwargs)
+
+    monkeypatch.setattr(flowkernel.api, "compile_flow", compiling)
+    monkeypatch.setattr(flowkernel.api, "load_checkpoint", loading)
+    store = SqliteStore(db)
+    try:
+        fresh = Kernel(store)  # nothing compiled yet in this kernel: the stored flow is
+        again = fresh.snapshot(snap.runId)
+    finally:
+        store.close()
+    assert again == snap
+    assert enabled == {"compile": [False], "checkpoint": [False]}
+    assert gc.isenabled()
+
+
+PROBE = """
+import atexit, gc, sys
+atexit.register(lambda: print("FROZEN", gc.get_freeze_count() > 0, file=sys.stderr))  # runs last
+from flowkernel.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_command_exits_without_collecting_what_the_process_holds(tmp_path: Path,
+                                                                   clean_env: dict[str, str]) -> None:
+    flow = tmp_path / "chain.json"
+    flow.write_text(json.dumps(CHAIN))
+    done = subprocess.run([sys.executable, "-c", PROBE, "run", str(flow), "--db", str(tmp_path / "runs.db")],
+                          cwd=tmp_path, env=clean_env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "■ completed" in done.stdout
+    assert done.stderr.strip().endswith("FROZEN True")
+    # The store was closed by the command, not left to the exit: its write-ahead log is folded back.
+    assert not (tmp_path / "runs.db-wal").exists()
