@@ -173,6 +173,11 @@ class Kernel:
         self._flows: dict[str, CompiledFlow] = {}
         self._token_read: tuple[float, int] = (float("-inf"), 0)  # (when, value) of the last change token read
 
+    def on_commit(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` (on the event loop, without arguments) after each commit of the runs this
+        kernel executes: a server's event feed reads new events then, not at its next poll."""
+        self._committer.on_commit.append(callback)
+
     # -- flows ------------------------------------------------------------------------------
 
     def load_flow(self, path: str | Path) -> CompiledFlow:
@@ -310,6 +315,7 @@ class Kernel:
         """Write the ``flow:start`` of a queued run, under the lease of the execution that starts it."""
         first = _first_event(flow, record.runId, record.input, record.parentRunId, record.parentNodeRunId)
         self.store.commit(record.runId, [first.row], "running", 1, None, first.skeleton, first.blobs, lease=lease)
+        self._committer.committed()
         return _Created(record.runId, first.event, first.snapshot, len(first.skeleton), lease)
 
     async def run(self, flow: CompiledFlow, input: Any = None, *, on_event: EventListener | None = None,

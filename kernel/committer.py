@@ -11,6 +11,9 @@ runs start, only once its own rows are durable, as before.
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable
+
 import anyio
 import anyio.lowlevel
 import anyio.to_thread
@@ -34,6 +37,7 @@ class Committer:
     def __init__(self, store: Store) -> None:
         self.store = store
         self.executing = 0  # runs being created or executed (each counts itself in and out)
+        self.on_commit: list[Callable[[], None]] = []  # told, on the event loop, after each transaction
         self._queue: list[_Waiting] = []
         self._busy = False  # a transaction of the queue is being made
 
@@ -47,6 +51,8 @@ class Committer:
             else:
                 self.store.commit(r.runId, r.events, r.status, r.seq, r.error, r.checkpoint, r.blobs, lease=r.lease,
                                   release=r.release, taken=r.taken, totals=r.totals, agent_runs=r.agent_runs)
+            if self.on_commit:
+                self.committed()
             return
         me = _Waiting(request)
         self._queue.append(me)
@@ -66,6 +72,14 @@ class Committer:
         if me.error is not None:
             raise me.error
 
+    def committed(self) -> None:
+        """Tell whoever watches this process's commits (a server's event feed) that there are new ones."""
+        for callback in self.on_commit:
+            try:
+                callback()
+            except Exception as exc:  # a watcher must never break the runs it watches
+                print(f"flowkernel: a commit watcher failed: {exc!r}", file=sys.stderr)
+
     async def _drain(self) -> None:
         """Make one transaction of everything queued, then hand the next one to the first still waiting."""
         await anyio.lowlevel.checkpoint()  # the other runs ready now add their commits first
@@ -74,6 +88,7 @@ class Committer:
             results = await anyio.to_thread.run_sync(self.store.commit_group, [w.request for w in batch])
         except Exception as exc:
             results = [exc] * len(batch)
+        self.committed()
         for w, error in zip(batch, results, strict=True):
             w.error, w.done = error, True
             w.woken.set()

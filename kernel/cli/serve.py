@@ -86,6 +86,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         worker = Worker(Kernel(worker_store, services=services), concurrency=args.workers, grace_s=args.grace_s)
     config = ServerConfig(token=token, flows=[Path(f) for f in args.flows], cors_origins=list(args.cors_origin))
     app = create_app(kernel, config, feed_store=feed_store)
+    if worker is not None:
+        worker.kernel.on_commit(app.state.feed.nudge)  # followers get this process's commits at once, not at a poll
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
                                            timeout_graceful_shutdown=5))
     # uvicorn stops gracefully on SIGINT/SIGTERM, then raises the signal again for the handler it found:
