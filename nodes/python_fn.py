@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from flowkernel.errors import NodeFailure, Problem
 from flowkernel.node import KnownNames, bindable, unknown_name
+from flowkernel.registry import Blocking
 
 if TYPE_CHECKING:
     from flowkernel.context import NodeContext
@@ -17,7 +19,8 @@ class PythonNode:
     """Input ``{"function": "<registered name>", "args"?: {...}}``; outputs the function's return value.
 
     A function that takes a parameter named ``ctx`` receives the ``NodeContext`` (state, patches,
-    inbox). Sync functions run on the event loop: make I/O-bound functions ``async``.
+    inbox). Plain functions run on the event loop, those marked ``flowkernel.registry.blocking`` in a worker
+    thread: make I/O-bound functions ``async`` or mark them.
     """
 
     name = "python"
@@ -61,6 +64,10 @@ class PythonNode:
         args = data.get("args") or {}
         if not isinstance(args, dict):
             raise NodeFailure(f"node {ctx.node_id!r}: args must be an object", "invalid_input")
+        if type(fn) is Blocking:
+            import anyio.to_thread
+
+            return await anyio.to_thread.run_sync(functools.partial(fn.fn, **args))
         if _per_function(_WANTS_CTX, fn, _takes_ctx):
             args = {**args, "ctx": ctx}
         result = fn(**args)
@@ -93,4 +100,5 @@ def _takes_ctx(fn: Any) -> bool:
 
 
 def _is_plain_function(fn: Any) -> bool:
-    return not inspect.iscoroutinefunction(fn) and not inspect.isasyncgenfunction(fn)
+    """Called on the event loop, where it finishes without awaiting anything (not async, not blocking)."""
+    return type(fn) is not Blocking and not inspect.iscoroutinefunction(fn) and not inspect.isasyncgenfunction(fn)

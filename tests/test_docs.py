@@ -21,7 +21,7 @@ from flowkernel.commands import Command
 from flowkernel.compiler import compile_flow
 from flowkernel.errors import FlowValidationError
 from flowkernel.events import BaseEvent
-from flowkernel.registry import Registry, default_registry
+from flowkernel.registry import Blocking, Registry, default_registry
 from flowkernel.store.memory import MemoryStore
 from flowkernel.tools import as_tool
 
@@ -56,13 +56,14 @@ def docs_module(monkeypatch: pytest.MonkeyPatch) -> Iterator[types.ModuleType]:
 
 
 def test_the_marked_blocks_are_the_ones_the_reader_sees() -> None:
-    assert len(python_blocks_marked_tested(EXTENDING)) == 4
+    assert len(python_blocks_marked_tested(EXTENDING)) == 5
     assert "class Tally" in python_blocks_marked_tested(EXTENDING)[-1]
 
 
 def test_the_registration_examples_register_what_they_say(docs_module: types.ModuleType) -> None:
     reg = default_registry()
-    assert {"slugify", "text.shout", "word_count", "text.length", "notes.add"} <= set(reg.functions)
+    assert {"slugify", "text.shout", "word_count", "text.length", "notes.add", "http.status"} <= set(reg.functions)
+    assert isinstance(reg.functions["http.status"], Blocking)
     assert reg.functions["slugify"] is docs_module.slugify  # the decorator returned the function itself
     definitions = {name: as_tool(name, reg.tools[name]).definition()
                    for name in ("lookup_fact", "search_docs", "add_numbers")}
