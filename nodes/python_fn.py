@@ -65,9 +65,13 @@ class PythonNode:
         if not isinstance(args, dict):
             raise NodeFailure(f"node {ctx.node_id!r}: args must be an object", "invalid_input")
         if type(fn) is Blocking:
+            import anyio.lowlevel
             import anyio.to_thread
 
-            return await anyio.to_thread.run_sync(functools.partial(fn.fn, **args))
+            result = await anyio.to_thread.run_sync(functools.partial(fn.fn, **args))
+            # A thread cannot be stopped: a timeout, pause or abort that came meanwhile takes effect now.
+            await anyio.lowlevel.checkpoint_if_cancelled()
+            return result
         if _per_function(_WANTS_CTX, fn, _takes_ctx):
             args = {**args, "ctx": ctx}
         result = fn(**args)

@@ -5,6 +5,7 @@ event loop, as before."""
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -96,3 +97,18 @@ def test_blocking_refuses_functions_that_take_ctx_or_are_async() -> None:
         blocking(uses_state)
     with pytest.raises(InvalidInputError, match=r"already_async\): an async function does not block"):
         blocking(already_async)
+
+
+def test_a_timeout_fails_a_blocking_call_when_it_returns() -> None:
+    def overruns() -> str:
+        time.sleep(0.3)  # the work itself: three times the node's timeout
+        return "late"
+
+    registry = default_registry().copy()
+    registry.add_function("overruns", blocking(overruns))
+    doc = {"name": "late", "nodes": [{"id": "slow", "type": "python", "input": {"function": "overruns"},
+                                      "policy": {"timeoutMs": 100}}]}
+    result = run_flow(doc, registry=registry)
+    assert result.status == "failed"
+    assert "slow" not in result.outputs
+    assert [(f.node, f.error_type) for f in result.failures] == [("slow", "timeout")], result.failures
