@@ -15,9 +15,9 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 from flowkernel.budgets import resume_problem
 from flowkernel.compiler import CompiledFlow
 from flowkernel.events import CommandReceived
@@ -30,8 +30,7 @@ _JSON_SCALARS = (str, int, float, bool, type(None))
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-@dataclass(frozen=True, slots=True)
-class Command:
+class Command(msgspec.Struct, frozen=True):
     kind: str
     target: str | None = None  # node run id, for send and reply
     content: Any = None  # the message (send, reply) or resume message
@@ -53,8 +52,7 @@ class Command:
                        reason=body.get("reason"), budget=body.get("budget"))
 
 
-@dataclass(frozen=True, slots=True)
-class CommandOutcome:
+class CommandOutcome(msgspec.Struct, frozen=True):
     accepted: bool
     record: CommandReceived
     reason: str | None = None

@@ -8,7 +8,6 @@ before anything runs.
 from __future__ import annotations
 
 from collections.abc import Collection, Container
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -68,8 +67,7 @@ class CompiledNode(msgspec.Struct, frozen=True, gc=False):
     policy: PolicySpec
 
 
-@dataclass(slots=True)
-class CompiledFlow:
+class CompiledFlow(msgspec.Struct):
     """A validated flow: nodes, edges and the precomputed structure the reducer needs."""
 
     document: dict[str, Any]
@@ -79,11 +77,11 @@ class CompiledFlow:
     base_dir: Path | None
     nodes: dict[str, CompiledNode]
     edges: dict[str, CompiledEdge]
-    outgoing: dict[str, tuple[str, ...]] = field(default_factory=dict)
-    incoming: dict[str, tuple[str, ...]] = field(default_factory=dict)  # non-loop edges only
-    gates: dict[str, str] = field(default_factory=dict)
-    reset_sets: dict[str, tuple[str, ...]] = field(default_factory=dict)  # loop edge -> nodes
-    for_each_into: dict[str, str] = field(default_factory=dict)  # node -> its forEach edge
+    outgoing: dict[str, tuple[str, ...]] = msgspec.field(default_factory=dict)
+    incoming: dict[str, tuple[str, ...]] = msgspec.field(default_factory=dict)  # non-loop edges only
+    gates: dict[str, str] = msgspec.field(default_factory=dict)
+    reset_sets: dict[str, tuple[str, ...]] = msgspec.field(default_factory=dict)  # loop edge -> nodes
+    for_each_into: dict[str, str] = msgspec.field(default_factory=dict)  # node -> its forEach edge
     max_concurrency: int = 8  # node runs in flight at once
 
     @property

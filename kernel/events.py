@@ -4,8 +4,9 @@ Nodes and the scheduler produce *drafts* (``seq == 0``); the run shell stamps ``
 ``timestamp`` and ``flowRunId`` when it appends them to the log.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: msgspec reads these structs' field types when it first
+# encodes or decodes them (the event union's decoder is built when this module loads), and evaluating
+# annotations kept as strings costs several times more.
 from typing import Any
 
 import msgspec

@@ -8,11 +8,11 @@ and ``regex``: a flow without expressions runs without loading either.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+
+import msgspec
 
 
-@dataclass(frozen=True, slots=True)
-class ExpressionLimits:
+class ExpressionLimits(msgspec.Struct, frozen=True):
     """How far one open expression may go. Give ``Kernel(services={"expression_limits": ...})`` or set
     the ``FLOWKERNEL_EXPR_*`` environment variables (``flowkernel.offload.limits_from_env``)."""
 

@@ -9,9 +9,9 @@ deciding again until nothing is left is one step of the run.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 from flowkernel.compiler import CompiledFlow, CompiledNode
 from flowkernel.errors import ExpressionError
 from flowkernel.events import (
@@ -34,10 +34,9 @@ from flowkernel.snapshot import ForEachState, RunSnapshot
 EMPTY: Mapping[str, Any] = {}
 
 
-@dataclass(slots=True)
-class Decision:
-    drafts: list[BaseEvent] = field(default_factory=list)
-    deferred: set[str] = field(default_factory=set)  # ready, but no capacity yet
+class Decision(msgspec.Struct):
+    drafts: list[BaseEvent] = msgspec.field(default_factory=list)
+    deferred: set[str] = msgspec.field(default_factory=set)  # ready, but no capacity yet
 
 
 def binding_context(snap: RunSnapshot) -> dict[str, Any]:

@@ -1,7 +1,8 @@
 """The RunSnapshot (DESIGN §5): everything needed to continue a run, and nothing else."""
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: msgspec reads these structs' field types when it first
+# encodes or decodes them (a checkpoint is converted to a RunSnapshot when a run resumes), and evaluating
+# annotations kept as strings costs several times more.
 from itertools import islice
 from typing import Any
 
