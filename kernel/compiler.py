@@ -21,7 +21,7 @@ from flowkernel.expressions import (
     compile_expr,
     compile_template,
     compile_when,
-    lazy_template,
+    lazy_node_input,
     strip_braces,
 )
 from flowkernel.flowfile import canonical_json, flow_hash, read_flow_document
@@ -182,21 +182,29 @@ def _compile(document: dict[str, Any], source: str, base_dir: Path | None, probl
     """Build the graph from a document whose shape is valid (checked now, or when it was stored);
     ``lazy``: node inputs are compiled when first used (a valid document compiles without problems)."""
     # (A stored flow of 10,000 nodes compiles when a run of it resumes: what is absent costs nothing.)
+    # Nodes of only an id, a type and an input, and edges of only their ends, the most common by far,
+    # skip looking up the keys they do not have; structs are built from positional arguments.
     nodes: dict[str, CompiledNode] = {}
     for i, node in enumerate(document["nodes"]):
         raw_input = node.get("input") or {}
-        when, policy = node.get("when"), node.get("policy")
-        nodes[node["id"]] = CompiledNode(
-            id=node["id"], index=i, type=node["type"],
-            input=lazy_template(raw_input, f"$.nodes[{i}].input") if lazy else
-            compile_template(raw_input, f"$.nodes[{i}].input", problems),
-            raw_input=raw_input,
-            when=ALWAYS if when is None else compile_when(when, f"$.nodes[{i}].when", problems),
-            policy=_policy(policy) if policy else _NO_POLICY,
+        node_id = node["id"]
+        plain = len(node) == 3 and "input" in node
+        when, policy = (None, None) if plain else (node.get("when"), node.get("policy"))
+        nodes[node_id] = CompiledNode(
+            node_id, i, node["type"],
+            lazy_node_input(raw_input, i) if lazy else compile_template(raw_input, f"$.nodes[{i}].input", problems),
+            raw_input,
+            ALWAYS if when is None else compile_when(when, f"$.nodes[{i}].when", problems),
+            _policy(policy) if policy else _NO_POLICY,
         )
     edges: dict[str, CompiledEdge] = {}
     gates: dict[str, str] = {}
     for i, edge in enumerate(document.get("edges") or []):
+        if len(edge) == 2:  # "from" and "to" (a shape already checked)
+            tail, head = edge["from"], edge["to"]
+            edge_id = f"{tail}->{head}"
+            edges[edge_id] = CompiledEdge(edge_id, i, tail, head, ALWAYS, False, None, None, "item")
+            continue
         edge_id = edge.get("id") or f"{edge['from']}->{edge['to']}"
         when, for_each, bound = edge.get("when"), edge.get("forEach"), edge.get("maxIterations")
         fe = compile_expr(strip_braces(for_each["in"]), f"$.edges[{i}].forEach.in", problems) if for_each else None

@@ -213,16 +213,16 @@ class _Lazy:
     """A node input compiled when it is first used: a stored flow of 10,000 nodes that resumes halfway
     compiles the inputs of the nodes it runs, not all of them before it can start."""
 
-    __slots__ = ("_compiled", "_path", "_raw")
+    __slots__ = ("_compiled", "_index", "_raw")
 
-    def __init__(self, raw: Any, path: str) -> None:
-        self._raw, self._path = raw, path
+    def __init__(self, raw: Any, index: int) -> None:
+        self._raw, self._index = raw, index  # (its JSON path is only written out if it is compiled)
         self._compiled: Template | None = None
 
     def compiled(self) -> Template:
         if self._compiled is None:
             problems: list[Problem] = []
-            compiled = compile_template(self._raw, self._path, problems)
+            compiled = compile_template(self._raw, f"$.nodes[{self._index}].input", problems)
             if problems:
                 raise ExpressionError(str(problems[0]))
             self._compiled = compiled
@@ -232,9 +232,9 @@ class _Lazy:
         return self.compiled().render(context, variables)
 
 
-def lazy_template(value: Any, path: str) -> Template:
-    """``compile_template`` of a value known to compile (a validated flow's), done on first use."""
-    return _Lazy(value, path)
+def lazy_node_input(value: Any, index: int) -> Template:
+    """``compile_template`` of node ``index``'s input, known to compile (a validated flow's), done on first use."""
+    return _Lazy(value, index)
 
 
 def is_constant(template: Template) -> bool:

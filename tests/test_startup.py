@@ -16,7 +16,9 @@ import anyio
 import flowkernel.api
 import pytest
 from flowkernel.api import Kernel
+from flowkernel.compiler import compile_flow
 from flowkernel.gc_pause import collector_paused
+from flowkernel.registry import default_registry
 from flowkernel.store.sqlite import SqliteStore
 
 CHAIN = {"name": "chain", "nodes": [{"id": f"n{i}", "type": "noop", "input": {"i": i}} for i in range(3)],
@@ -160,3 +162,25 @@ def test_running_a_flow_builds_no_dataclass_of_the_run_shell(tmp_path: Path, cle
     shell = ("flowkernel.runner.", "flowkernel.scheduling.", "flowkernel.compiler.", "flowkernel.commands.",
              "flowkernel.api.", "flowkernel.expression_scope.")
     assert [m for m in made if m.startswith(shell)] == []
+
+
+@pytest.mark.parametrize("trusted", [False, True])
+def test_bare_nodes_and_edges_compile_to_the_graph_the_same_flow_spelled_out_in_full_gives(
+        tmp_path: Path, trusted: bool) -> None:
+    # Bare ones take a shorter way through the compiler; what it builds must not differ.
+    bare = {"name": "chain", "nodes": [{"id": "a", "type": "noop", "input": {"x": "{{ flow.input.x }}"}},
+                                       {"id": "b", "type": "noop", "input": {"y": 2}}],
+            "edges": [{"from": "a", "to": "b"}]}
+    full = {"name": "chain", "nodes": [{**n, "ui": {}} for n in bare["nodes"]],
+            "edges": [{"id": "a->b", "from": "a", "to": "b", "gate": "all"}]}
+    types = default_registry().node_types
+    flows = [compile_flow(json.loads(json.dumps(d)), types, source=str(tmp_path / "chain.json"), base_dir=tmp_path,
+                          trusted=trusted) for d in (bare, full)]
+    for flow in flows:
+        assert (flow.source, flow.base_dir, flow.name) == (str(tmp_path / "chain.json"), tmp_path, "chain")
+    shown = [{n: (c.id, c.index, c.type, c.raw_input, c.when, c.policy, c.input.render({"flow": {"input": {"x": 1}}}))
+              for n, c in f.nodes.items()} for f in flows]
+    assert shown[0] == shown[1]
+    assert shown[0]["a"][-1] == {"x": 1}
+    assert flows[0].edges == flows[1].edges
+    assert (flows[0].outgoing, flows[0].incoming, flows[0].gates) == (flows[1].outgoing, flows[1].incoming, flows[1].gates)
