@@ -182,11 +182,11 @@ class Executor:
 
         self._in_thread(work, services)
 
-    def retry(self, run_id: str) -> None:
-        """Re-run the failed nodes of a failed run in the background, as ``flowkernel retry`` does."""
+    def retry(self, run_id: str, *, flow: Path | None = None) -> None:
+        """Re-run the failed nodes of a failed run in the background, as ``flowkernel retry [--flow FILE]`` does."""
 
         async def work(kernel: Kernel) -> None:
-            await kernel.retry(run_id)
+            await kernel.retry(run_id, flow=kernel.load_flow(flow) if flow is not None else None)
 
         self._in_thread(work, None)
 

@@ -362,6 +362,45 @@ def test_an_agent_run_from_fixtures_shows_its_conversation_tool_calls_and_answer
     ui.assert_clean()
 
 
+def test_a_run_continued_on_an_updated_flow_is_drawn_with_the_flow_it_followed_at_each_event(
+        open_page: Callable[..., Watched], server: Server, executor: Executor, tmp_path: Path) -> None:
+    flaky = {"name": "flaky", "nodes": [
+        {"id": "a", "type": "noop", "input": {"v": 1}},
+        {"id": "b", "type": "python", "input": {"function": "fail_first_time",
+                                                "args": {"marker": str(tmp_path / "failed-once")}}}],
+        "edges": [{"from": "a", "to": "b"}]}
+    run_id = executor.run(write_flow(tmp_path, flaky))
+    ui = open_page(f"#/runs/{run_id}")
+    page = ui.page
+    expect(node(page, "b")).to_have_class(status_class("failed"))
+    expect(node(page, "c")).to_have_count(0)
+
+    # `flowkernel retry RUN --flow FILE` elsewhere: the new flow adds c after b
+    extended = {**flaky, "nodes": [*flaky["nodes"], {"id": "c", "type": "noop", "input": {"v": 3}}],
+                "edges": [*flaky["edges"], {"from": "b", "to": "c"}]}
+    updated = tmp_path / "flaky-2.json"
+    updated.write_text(json.dumps(extended))
+    executor.retry(run_id, flow=updated)
+    expect(page.locator(".run-head .badge")).to_have_text("completed")
+    expect(node(page, "c")).to_have_class(status_class("done"))  # drawn live, with the flow it follows now
+
+    # before the update, the run followed the first flow: c is not drawn there; after it, it is
+    update_seq = next(e["seq"] for e in events(server, run_id) if e["type"] == "flow:updated")
+    ui.goto(f"#/runs/{run_id}?at={update_seq - 1}")
+    expect(node(page, "b")).to_have_class(status_class("failed"))
+    expect(node(page, "c")).to_have_count(0)
+    ui.goto(f"#/runs/{run_id}?at={update_seq}")
+    expect(node(page, "c")).to_have_class(status_class("pending"))
+    page.get_by_role("button", name="Back to live").click()
+    expect(node(page, "c")).to_have_class(status_class("done"))
+    # a page opened on an event before the update asks the server for the flow followed then
+    ui.goto(f"#/runs/{run_id}?at={update_seq - 1}")
+    page.reload()
+    expect(node(page, "b")).to_have_class(status_class("failed"))
+    expect(node(page, "c")).to_have_count(0)
+    ui.assert_clean()
+
+
 def test_the_snapshot_after_any_event_by_a_click_on_it_or_the_slider(
         open_page: Callable[..., Watched], server: Server, executor: Executor) -> None:
     run_id = executor.run(FLOWS / "hello.json", {"name": "Ada"})

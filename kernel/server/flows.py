@@ -1,11 +1,11 @@
 """``/flows``: the flows in the server's ``--flows`` folders, validation of a flow document, and the
-flow a run was started with (``/runs/{runId}/flow``)."""
+flow a run follows, or followed after a given event (``/runs/{runId}/flow``)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Request, Response
+from fastapi import APIRouter, Body, Query, Request, Response
 from flowkernel.catalog import FlowCatalog
 from flowkernel.server.problems import ApiProblem
 from flowkernel.server.runs import json_response, kernel_of
@@ -42,8 +42,18 @@ def validate(request: Request, document: Any = Body(..., description="a flow doc
 
 @router.get("/runs/{runId}/flow", response_model=dict[str, Any],
             summary="The flow document a run follows (as started, or as its last `flow:updated` made it)")
-def run_flow(request: Request, runId: str) -> Response:
+def run_flow(request: Request, runId: str,
+             at: Annotated[int | None, Query(ge=1, description="the flow it followed right after event SEQ")] = None
+             ) -> Response:
     """The flow as stored with the run (canonical JSON, the bytes ``flowHash`` is computed from): what a
-    client needs to draw the run's graph, whether or not the flow is in a ``--flows`` folder."""
-    store = kernel_of(request).store
-    return Response(store.get_flow(store.get_run(runId).flowHash), media_type="application/json")
+    client needs to draw the run's graph, whether or not the flow is in a ``--flows`` folder. With
+    ``at``, the flow the run followed right after that event (the one before a later ``flow:updated``)."""
+    kernel = kernel_of(request)
+    record = kernel.store.get_run(runId)
+    flow_hash = record.flowHash
+    if at is not None:
+        if at > record.seq:
+            raise ApiProblem(400, f"at: run {runId} has no event {at} yet",
+                             errors=[("at", "beyond the run's last event")], kind="invalid-parameter")
+        flow_hash = kernel.snapshot(runId, at=at).flowHash
+    return Response(kernel.store.get_flow(flow_hash), media_type="application/json")

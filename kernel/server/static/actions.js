@@ -53,6 +53,11 @@ export class Actions {
       h("h2", { id: "actions-title" }, "Actions"), this.alert, this.status, this.body);
   }
 
+  /** The flow the run follows now (it changes when the run is continued on an updated flow). */
+  useFlow(flow) {
+    this.nodeTypes = new Map((flow.nodes || []).map((n) => [n.id, n.type]));
+  }
+
   /** Re-render for a new live snapshot, unless the state that decides the controls is unchanged (so
    * a half-typed answer survives events that change nothing here). Returns whether it re-rendered. */
   update(detail) {

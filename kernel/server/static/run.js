@@ -27,7 +27,8 @@ export class RunPage {
     this.at = parseAt(params);
     this.live = null; // the run now: {run, snapshot, children}
     this.view = null; // what the graph shows: the run now, or after event `at`
-    this.flow = null;
+    this.flow = null; // the flow the graph draws: the one the shown snapshot follows
+    this.flows = new Map(); // flowHash -> flow document: a `flow:updated` switches a run to another flow
     this.graph = null;
     this.selected = null;
     this.lastSeq = 0;
@@ -47,6 +48,7 @@ export class RunPage {
       if (this.abort.signal.aborted) return;
       this.live = live;
       this.flow = flow;
+      if (live.snapshot.flowHash) this.flows.set(live.snapshot.flowHash, flow);
       this.build();
       this.lastSeq = live.run.seq;
       this.renderLive();
@@ -213,10 +215,13 @@ export class RunPage {
   async refresh() {
     this.refreshing = api(`/runs/${encodeURIComponent(this.runId)}`, { signal: this.abort.signal });
     try {
-      this.live = await this.refreshing;
+      const live = await this.refreshing;
+      const flow = await this.flowOf(live);
+      this.live = live;
       this.lastSeq = Math.max(this.lastSeq, this.live.run.seq);
+      this.actions.useFlow(flow);
       this.renderLive();
-      if (this.at === null) this.renderView(this.live);
+      if (this.at === null) this.renderView(this.live, flow);
     } catch (error) {
       if (this.abort.signal.aborted) return;
       this.streamState.textContent = `could not refresh: ${error.message}`;
@@ -250,13 +255,14 @@ export class RunPage {
     this.updateSlider();
     if (at === null) {
       this.travelNote.hidden = true;
-      this.renderView(this.live);
+      this.renderView(this.live, await this.flowOf(this.live));
       return;
     }
     try {
       const view = await api(`/runs/${encodeURIComponent(this.runId)}`, { query: { at }, signal: this.abort.signal });
+      const flow = await this.flowOf(view);
       if (this.at !== at) return;
-      this.renderView(view);
+      this.renderView(view, flow);
       this.travelNote.hidden = false;
       replaceChildren(this.travelNote, `Time travel: the graph, node details and snapshot show the run right after ` +
         `event #${at}${this.types.has(at) ? ` (${this.types.get(at)})` : ""}. Actions act on the run as it is now.`);
@@ -306,7 +312,29 @@ export class RunPage {
     this.renderRunPanel();
   }
 
-  renderView(view) {
+  /** The flow ``view``'s snapshot follows (fetched once per flow: most runs only ever have one). */
+  async flowOf(view) {
+    const hash = view.snapshot.flowHash;
+    if (!hash) return this.flow;
+    if (!this.flows.has(hash)) {
+      const seq = view.snapshot.seq;
+      const flow = await api(`/runs/${encodeURIComponent(this.runId)}/flow`,
+        { query: seq ? { at: seq } : {}, signal: this.abort.signal });
+      this.flows.set(hash, flow);
+    }
+    return this.flows.get(hash);
+  }
+
+  renderView(view, flow = this.flow) {
+    if (flow !== this.flow) {
+      // Another flow (the run was continued on an updated one, or the view is from before that):
+      // its graph is drawn in place of the other's.
+      this.flow = flow;
+      const previous = this.graph.element;
+      this.graph = new FlowGraph(flow, { onSelect: (id) => this.selectNode(id) });
+      previous.replaceWith(this.graph.element);
+      if (this.selected) this.graph.select(this.selected);
+    }
     this.view = view;
     this.graph.paint(view.snapshot);
     this.renderInspector();
