@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shlex
 import sqlite3
 import subprocess
 import sys
@@ -149,6 +150,20 @@ def test_input_not_matching_the_schema_names_the_field(tmp_path: Path, clean_env
     assert res.returncode == 2
     assert "input.name: '' should be non-empty" in res.stderr
     assert not (tmp_path / "r.db").exists()
+
+
+def test_a_missing_required_input_says_how_to_give_it_and_the_hint_runs_as_printed(
+        tmp_path: Path, clean_env: dict[str, str]) -> None:
+    db = str(tmp_path / "r.db")
+    res = fk("run", str(HELLO), "--db", db, cwd=tmp_path, env=clean_env)
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert "input: 'name' is a required property; give it with --input name=" in res.stderr, res.stderr
+    assert not Path(db).exists()
+    hinted = res.stderr.split("give it with ", 1)[1].split(" (or --input-json FILE)", 1)[0]
+    again = subprocess.run(f"{shlex.quote(sys.executable)} -m flowkernel.cli run {shlex.quote(str(HELLO))} "
+                           f"--db {shlex.quote(db)} {hinted}", shell=True, cwd=tmp_path, env=clean_env, text=True,
+                           capture_output=True, timeout=60)
+    assert again.returncode == 0, again.stderr
 
 
 def test_unknown_run_id_is_exit_2_with_a_hint(tmp_path: Path, clean_env: dict[str, str]) -> None:

@@ -46,8 +46,35 @@ def cmd_schema(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def missing_input_hint(schema: Any, value: Any) -> str | None:
+    """How to give the required inputs a run lacks (``--input KEY=VALUE``, with the schema's first
+    example as the value where it has one), or None when none is missing."""
+    import json
+    import shlex
+
+    if not isinstance(schema, dict) or not isinstance(value, dict):
+        return None
+    required = schema.get("required")
+    props = schema.get("properties")
+    missing = [k for k in required if isinstance(k, str) and k not in value] if isinstance(required, list) else []
+    if not missing:
+        return None
+    options = []
+    for key in missing:
+        prop = props.get(key) if isinstance(props, dict) else None
+        examples = prop.get("examples") if isinstance(prop, dict) else None
+        example = examples[0] if isinstance(examples, list) and examples else None
+        if example is None:
+            shown = "VALUE"
+        else:
+            shown = shlex.quote(example if isinstance(example, str) else json.dumps(example))
+        options.append(f"--input {shlex.quote(key)}={shown}")
+    return f"give {'it' if len(missing) == 1 else 'them'} with {' '.join(options)} (or --input-json FILE)"
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from flowkernel.api import parse_inputs
+    from flowkernel.errors import RunInputError
     from flowkernel.registry import default_registry
     from flowkernel.validated import load_valid_flow
 
@@ -58,7 +85,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     value = parse_inputs(flow, args.input, args.input_json)
     from flowkernel.api import Kernel
 
-    Kernel.check_input(flow, value)
+    try:
+        Kernel.check_input(flow, value)
+    except RunInputError as exc:
+        hint = missing_input_hint(flow.inputs_schema, value)
+        if hint is None:
+            raise
+        raise RunInputError(f"{exc}; {hint}", exc.problems) from None
     if args.queue:
         if args.fixtures:
             from flowkernel.errors import InvalidInputError
