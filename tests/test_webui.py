@@ -130,6 +130,15 @@ def create_run(server: Server, document: dict[str, Any], input: Any = None) -> s
     return run_id
 
 
+def fails_once(tmp_path: Path) -> dict[str, Any]:
+    """a -> b, where b fails the first time it runs (the run ends failed) and passes when run again."""
+    return {"name": "flaky", "nodes": [
+        {"id": "a", "type": "noop", "input": {"v": 1}},
+        {"id": "b", "type": "python", "input": {"function": "fail_first_time",
+                                                "args": {"marker": str(tmp_path / "failed-once")}}}],
+        "edges": [{"from": "a", "to": "b"}]}
+
+
 def research_fixtures() -> dict[str, Any]:
     return {"query_fn": MockQuery(FIXTURES / "research")}
 
@@ -364,11 +373,7 @@ def test_an_agent_run_from_fixtures_shows_its_conversation_tool_calls_and_answer
 
 def test_a_run_continued_on_an_updated_flow_is_drawn_with_the_flow_it_followed_at_each_event(
         open_page: Callable[..., Watched], server: Server, executor: Executor, tmp_path: Path) -> None:
-    flaky = {"name": "flaky", "nodes": [
-        {"id": "a", "type": "noop", "input": {"v": 1}},
-        {"id": "b", "type": "python", "input": {"function": "fail_first_time",
-                                                "args": {"marker": str(tmp_path / "failed-once")}}}],
-        "edges": [{"from": "a", "to": "b"}]}
+    flaky = fails_once(tmp_path)
     run_id = executor.run(write_flow(tmp_path, flaky))
     ui = open_page(f"#/runs/{run_id}")
     page = ui.page
@@ -661,11 +666,7 @@ def test_resume_with_a_message_from_the_page(open_page: Callable[..., Watched], 
 
 def test_retry_from_the_page_reruns_the_failed_node(
         open_page: Callable[..., Watched], server: Server, tmp_path: Path) -> None:
-    flow = {"name": "flaky", "nodes": [
-        {"id": "a", "type": "noop", "input": {"v": 1}},
-        {"id": "b", "type": "python", "input": {"function": "fail_first_time",
-                                                "args": {"marker": str(tmp_path / "failed-once")}}}],
-        "edges": [{"from": "a", "to": "b"}]}
+    flow = fails_once(tmp_path)
     run_id = create_run(server, flow)
     wait_for(lambda: snapshot(server, run_id)["run"]["status"] == "failed", what="the run to fail")
     ui = open_page(f"#/runs/{run_id}")
@@ -683,11 +684,7 @@ def test_retry_from_the_page_reruns_the_failed_node(
 
 def test_a_failed_run_retried_elsewhere_goes_on_live_on_its_open_page(
         open_page: Callable[..., Watched], server: Server, executor: Executor, tmp_path: Path) -> None:
-    flow = {"name": "flaky", "nodes": [
-        {"id": "a", "type": "noop", "input": {"v": 1}},
-        {"id": "b", "type": "python", "input": {"function": "fail_first_time",
-                                                "args": {"marker": str(tmp_path / "failed-once")}}}],
-        "edges": [{"from": "a", "to": "b"}]}
+    flow = fails_once(tmp_path)
     run_id = executor.run(write_flow(tmp_path, flow))
     ui = open_page(f"#/runs/{run_id}")
     page = ui.page
