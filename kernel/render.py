@@ -10,7 +10,36 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TextIO
 
-from flowkernel.events import BaseEvent, decode
+from flowkernel.events import (
+    AgentComplete,
+    AgentError,
+    AgentStart,
+    AgentText,
+    AgentTextDelta,
+    AgentThinking,
+    AgentThinkingDelta,
+    AgentTool,
+    AgentUsage,
+    BaseEvent,
+    CommandReceived,
+    EdgeFire,
+    EdgeSkip,
+    FlowComplete,
+    FlowPaused,
+    FlowResumed,
+    FlowStart,
+    FlowUpdated,
+    FlowWaiting,
+    LoopExhausted,
+    LoopIterate,
+    NodeComplete,
+    NodeError,
+    NodeSkipped,
+    NodeStart,
+    NodeWaiting,
+    StatePatch,
+    decode,
+)
 from flowkernel.snapshot import RunSnapshot
 from flowkernel.store.base import RunRecord
 from flowkernel.summaries import RunSummary
@@ -38,6 +67,8 @@ def preview(value: Any, width: int | None = 60) -> str:
         text = value if isinstance(value, str) else _dumps(value)
     elif isinstance(value, str):
         text = value[:width + 1]
+    elif type(value) in _SCALARS:
+        text = _dumps(value)
     else:
         parts: list[str] = []
         size = 0
@@ -49,6 +80,9 @@ def preview(value: Any, width: int | None = 60) -> str:
         text = "".join(parts)
     text = text.replace("\n", " ")
     return text if width is None or len(text) <= width else text[: width - 1] + "…"
+
+
+_SCALARS = frozenset({type(None), bool, int, float})
 
 
 def whole(value: Any, indent: str) -> str:
@@ -80,28 +114,23 @@ def _json_pieces(value: Any, budget: int) -> Iterator[str]:
         yield _dumps(value)
 
 
+# ``json.dumps(value, ensure_ascii=False, separators=(",", ":"))`` builds an encoder on every call: one is
+# kept, and strings, ints, booleans and null (most of what a preview shows) are written without it.
+_encoder = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+_encode_string = json.encoder.encode_basestring  # what that encoder writes a string with
+
+
 def _dumps(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
-
-
-class _Fields:
-    """An event's fields by their JSON names, read from the struct (no encoding, no copy)."""
-
-    __slots__ = ("ev",)
-    _RENAMED = {"from": "from_"}
-
-    def __init__(self, ev: BaseEvent) -> None:
-        self.ev = ev
-
-    def get(self, name: str, default: Any = None) -> Any:
-        value = getattr(self.ev, self._RENAMED.get(name, name), default)
-        return default if value is None else value
-
-    def __getitem__(self, name: str) -> Any:
-        try:
-            return getattr(self.ev, self._RENAMED.get(name, name))
-        except AttributeError:
-            raise KeyError(name) from None
+    t = type(value)
+    if t is str:
+        return _encode_string(value)
+    if value is None:
+        return "null"
+    if t is bool:
+        return "true" if value else "false"
+    if t is int:
+        return int.__repr__(value)
+    return _encoder.encode(value)
 
 
 # Stored events the live view only counts, by the start of their JSON (msgspec writes the tag first).
@@ -109,14 +138,15 @@ _COUNTED = {b'{"type":"node:complete': "done", b'{"type":"node:skipped': "skippe
 
 
 # Events whose lines need nothing of the run's history but when it started (``seed_later``).
-_WITHOUT_HISTORY = frozenset({"command:received", "flow:resumed"})
+_WITHOUT_HISTORY = frozenset({CommandReceived, FlowResumed})
 
 
 class LiveView:
     """Prints one readable line per event as a run progresses; agent text streams inline.
 
     Lines are made from the event's fields as they are (no encoding of the event), and values are
-    previewed, never written out whole: showing a run costs in proportion to what is shown.
+    previewed, never written out whole: showing a run costs in proportion to what is shown. The
+    stream is flushed once per call.
 
     Times are since the run started (``started_ms``, else its first event), or the wall clock with
     ``wall``. Lines of a node run say which node run they are about (``describe[2]`` for a forEach
@@ -139,6 +169,8 @@ class LiveView:
         self._calls: Counter[str] = Counter()  # model calls per chain
         self._tokens: dict[str, list[float]] = {}  # chain -> [in, out, cost]
         self._stamp = 0
+        self._when_of: tuple[int | None, int | None] = (None, None)  # (stamp, t0) of the time last formatted
+        self._when_text = ""
         self._history: Callable[[int], Iterable[BaseEvent | bytes]] | None = None  # see seed_later
         self._history_until: int | None = None
 
@@ -156,7 +188,7 @@ class LiveView:
         """Take in the history put off by ``seed_later`` unless ``ev``'s line can do without it."""
         if self._history_until is None:
             self._history_until = ev.seq - 1  # events are shown once stored: each has its seq
-        if ev.type not in _WITHOUT_HISTORY:
+        if type(ev) not in _WITHOUT_HISTORY:
             history, self._history = self._history, None
             if history is not None and self._history_until > 0:
                 self.seed(history(self._history_until))
@@ -182,42 +214,49 @@ class LiveView:
 
     def _note(self, ev: BaseEvent) -> None:
         """What the view keeps of an event: counts, labels, model calls."""
-        t = ev.type
+        cls = type(ev)
         if self.t0 is None:
             self.t0 = ev.timestamp
         self._stamp = ev.timestamp or self._stamp
-        run = ev.runId or ""
-        if t == "node:complete":
+        if cls is NodeComplete:
             self.counts["done"] += 1
-        elif t == "node:skipped":
+        elif cls is NodeSkipped:
             self.counts["skipped"] += 1
-        elif t == "node:start" and run:
-            item = getattr(ev, "item", None)
-            self._labels[run] = f"{ev.nodeId}" + ("" if item is None else f"[{item}]")
-            before = getattr(ev, "resumedFrom", None)
-            self._first[run] = self._first.get(before, before) if before else run
-        elif t == "agent:usage":
+        elif cls is NodeStart:
+            run = ev.runId
+            if run:
+                item = ev.item  # type: ignore[attr-defined]
+                self._labels[run] = f"{ev.nodeId}" + ("" if item is None else f"[{item}]")
+                before = ev.resumedFrom  # type: ignore[attr-defined]
+                self._first[run] = self._first.get(before, before) if before else run
+        elif cls is AgentUsage:
+            run = ev.runId or ""
             chain = self._first.get(run, run)
             self._calls[chain] += 1
-            usage = getattr(ev, "usage", {})
+            usage = ev.usage  # type: ignore[attr-defined]
             tally = self._tokens.setdefault(chain, [0, 0, 0.0])
             tally[0] += usage.get("inputTokens", 0)
             tally[1] += usage.get("outputTokens", 0)
-            tally[2] += getattr(ev, "costUsd", 0.0)
+            tally[2] += ev.costUsd  # type: ignore[attr-defined]
 
     def _c(self, code: str, text: str) -> str:
         return f"\x1b[{code}m{text}\x1b[0m" if self.color else text
 
     def _when(self) -> str:
+        # Most lines share their millisecond with the line before: the time is formatted once for them.
+        if self._stamp == self._when_of[0] and self.t0 == self._when_of[1]:
+            return self._when_text
         if self.wall:
             seconds, ms = divmod(self._stamp, 1000)
-            return time.strftime("%H:%M:%S", time.localtime(seconds)) + f".{ms:03d}"
-        return f"{(self._stamp - (self.t0 or self._stamp)) / 1000:7.2f}s"
+            text = time.strftime("%H:%M:%S", time.localtime(seconds)) + f".{ms:03d}"
+        else:
+            text = f"{(self._stamp - (self.t0 or self._stamp)) / 1000:7.2f}s"
+        self._when_of, self._when_text = (self._stamp, self.t0), text
+        return text
 
     def _line(self, mark: str, who: str, what: str) -> None:
         self._end_stream()
         self.out.write(f"{self._c('2', self._when())} {mark} {who:<22} {what}\n")
-        self.out.flush()
 
     def _end_stream(self) -> None:
         if self._streaming is not None:
@@ -235,7 +274,6 @@ class LiveView:
     def _text(self, text: str, *, thinking: bool) -> None:
         body = text.replace("\n", "\n" + self._gutter() + "   ")
         self.out.write(self._c("2", body) if thinking else body)
-        self.out.flush()
 
     def _delta(self, key: str, who: str, text: str, *, thinking: bool) -> None:
         if self._streaming is None:
@@ -258,95 +296,154 @@ class LiveView:
             self.out.write("\n")
 
     def __call__(self, ev: BaseEvent) -> None:
+        self._show(ev)
+        self.out.flush()
+
+    def _show(self, ev: BaseEvent) -> None:
         if self._history is not None:
             self._seed_for(ev)
         self._note(ev)
-        d = _Fields(ev)
-        t = ev.type
-        node = d.get("nodeId") or ""
-        run = d.get("runId") or ""
-        item = f"[{d['item']}]" if d.get("item") is not None else ""
-        who = self._labels.get(run) or f"{node}{item}"
-        if not t.endswith(":delta") and (run or self._held):
+        cls = type(ev)
+        run = ev.runId or ""
+        if self._held and cls not in _DELTAS:
             self._release(run or None)  # what a node run said comes before what it does next
-        if t == "flow:start":
-            self._line(self._c("1", "▶"), d["flowName"], f"run {d['flowRunId']}  input {preview(d.get('input'), 50)}")
-        elif t == "node:start":
-            attempt = f" (attempt {d['attempt']})" if d.get("attempt", 1) > 1 else ""
-            resumed = f" resumed from {d['resumedFrom']}" if d.get("resumedFrom") else ""
-            self._line(self._c("36", "●"), who, f"started {d.get('runId', '')}{attempt}{resumed}")
-        elif t == "node:complete":
-            self._line(self._c("32", "✔"), who, f"done in {d.get('durationMs', 0)} ms → {preview(d.get('output'))}")
-        elif t == "node:error":
-            retry = ", will retry" if d.get("willRetry") else ""
-            self._line(self._c("31", "✖"), who, f"{d['errorType']}: {preview(d['message'], 70)}{retry}")
-        elif t == "node:skipped":
-            self._line(self._c("2", "○"), who, f"skipped ({d['reason']})")
-        elif t == "node:waiting":
-            self._line(self._c("33", "…"), who, f"waiting: {preview(d.get('prompt'), 70)}")
-        elif t == "edge:fire":
-            extra = f" with {len(d['items'])} items" if d.get("items") is not None else ""
-            self._line(self._c("2", "→"), f"{d['from']} → {d['to']}", f"fired{extra}")
-        elif t == "edge:skip":
-            self._line(self._c("2", "↛"), f"{d['from']} → {d['to']}", "skipped")
-        elif t == "loop:iterate":
-            self._line(self._c("35", "↻"), d["edgeId"], f"loop iteration {d['iteration']}")
-        elif t == "loop:exhausted":
-            self._line(self._c("35", "↻"), d["edgeId"], f"loop exhausted after {d['iteration']} iterations")
-        elif t == "state:patch":
-            self._line(self._c("2", "≡"), f"state.{d['path']}", f"{d['op']} {preview(d.get('value'), 50)}")
-        elif t in ("agent:text:delta", "agent:thinking:delta"):
-            self._delta(f"{run} {t}", who, d["content"], thinking="thinking" in t)
-        elif t in ("agent:text", "agent:thinking"):
-            key = f"{run} {t}:delta"
-            if key in self._streamed:  # shown as it streamed
-                self._streamed.discard(key)
-                self._end_stream()
-                return
+        show = _SHOW.get(cls)
+        if show is not None:
+            show(self, ev, run)
+
+    def _who(self, ev: BaseEvent, run: str) -> str:
+        """The node run's label (``node`` or ``node[item]``), else the event's node and item."""
+        label = self._labels.get(run)
+        if label:
+            return label
+        item = getattr(ev, "item", None)
+        return (ev.nodeId or "") + ("" if item is None else f"[{item}]")
+
+    # One method per event type, each reading the struct's fields as they are.
+
+    def _flow_start(self, ev: FlowStart, run: str) -> None:
+        self._line(self._c("1", "▶"), ev.flowName, f"run {ev.flowRunId}  input {preview(ev.input, 50)}")
+
+    def _node_start(self, ev: NodeStart, run: str) -> None:
+        attempt = f" (attempt {ev.attempt})" if ev.attempt is not None and ev.attempt > 1 else ""
+        resumed = f" resumed from {ev.resumedFrom}" if ev.resumedFrom else ""
+        self._line(self._c("36", "●"), self._who(ev, run), f"started {run}{attempt}{resumed}")
+
+    def _node_complete(self, ev: NodeComplete, run: str) -> None:
+        duration = 0 if ev.durationMs is None else ev.durationMs
+        self._line(self._c("32", "✔"), self._who(ev, run), f"done in {duration} ms → {preview(ev.output)}")
+
+    def _node_error(self, ev: NodeError, run: str) -> None:
+        retry = ", will retry" if ev.willRetry else ""
+        self._line(self._c("31", "✖"), self._who(ev, run), f"{ev.errorType}: {preview(ev.message, 70)}{retry}")
+
+    def _node_skipped(self, ev: NodeSkipped, run: str) -> None:
+        self._line(self._c("2", "○"), self._who(ev, run), f"skipped ({ev.reason})")
+
+    def _node_waiting(self, ev: NodeWaiting, run: str) -> None:
+        self._line(self._c("33", "…"), self._who(ev, run), f"waiting: {preview(ev.prompt, 70)}")
+
+    def _edge_fire(self, ev: EdgeFire, run: str) -> None:
+        extra = f" with {len(ev.items)} items" if ev.items is not None else ""
+        self._line(self._c("2", "→"), f"{ev.from_} → {ev.to}", f"fired{extra}")
+
+    def _edge_skip(self, ev: EdgeSkip, run: str) -> None:
+        self._line(self._c("2", "↛"), f"{ev.from_} → {ev.to}", "skipped")
+
+    def _loop_iterate(self, ev: LoopIterate, run: str) -> None:
+        self._line(self._c("35", "↻"), ev.edgeId, f"loop iteration {ev.iteration}")
+
+    def _loop_exhausted(self, ev: LoopExhausted, run: str) -> None:
+        self._line(self._c("35", "↻"), ev.edgeId, f"loop exhausted after {ev.iteration} iterations")
+
+    def _state_patch(self, ev: StatePatch, run: str) -> None:
+        self._line(self._c("2", "≡"), f"state.{ev.path}", f"{ev.op} {preview(ev.value, 50)}")
+
+    def _agent_delta(self, ev: AgentTextDelta | AgentThinkingDelta, run: str) -> None:
+        thinking = type(ev) is AgentThinkingDelta
+        self._delta(f"{run} {ev.type}", self._who(ev, run), ev.content, thinking=thinking)
+
+    def _agent_block(self, ev: AgentText | AgentThinking, run: str) -> None:
+        key = f"{run} {ev.type}:delta"
+        if key in self._streamed:  # shown as it streamed
+            self._streamed.discard(key)
             self._end_stream()
-            self._block(who, d["content"], thinking=t == "agent:thinking")
-            self.out.write("\n")
-            self.out.flush()
-        elif t == "agent:start":
-            self._line(self._c("34", "◆"), who, f"agent {d['model']} session {d['sessionId']}")
-        elif t == "agent:tool":
-            err = f" error: {preview(d['error'], 40)}" if d.get("error") else ""
-            self._line(self._c("34", "⚙"), who, f"{d['toolName']}({preview(d.get('toolInput'), 30)}) → "
-                                               f"{preview(d.get('toolOutput'), 30)} {d.get('durationMs', 0)} ms{err}")
-        elif t == "agent:error":
-            self._line(self._c("31", "!"), who, f"{d['errorType']}: {preview(d['message'], 70)}")
-        elif t == "agent:complete":
-            chain = self._first.get(run, run)
-            calls = self._calls.get(chain, 0) or d.get("numTurns", 0)
-            tokens_in, tokens_out, cost = self._tokens.get(chain, [0, 0, 0.0])
-            if chain not in self._tokens:  # no agent:usage events (an older run): this execution's own
-                u = d.get("usage", {})
-                tokens_in, tokens_out, cost = u.get("inputTokens", 0), u.get("outputTokens", 0), d.get("totalCostUsd", 0)
-            self._line(self._c("34", "◆"), who, f"agent done: {calls} model call{'s' if calls != 1 else ''}, "
-                                               f"{int(tokens_in)} in / {int(tokens_out)} out tokens, ${cost:.4f}")
-        elif t == "command:received":
-            verdict = "accepted" if d["accepted"] else f"refused: {d.get('reason')}"
-            self._line(self._c("33", "⌘"), d["command"], verdict)
-        elif t in ("flow:paused", "flow:resumed", "flow:waiting"):
-            why = d.get("reason") or d.get("message") or ""
-            if t == "flow:paused" and why == "budget":
-                from flowkernel.budgets import money
+            return
+        self._end_stream()
+        self._block(self._who(ev, run), ev.content, thinking=type(ev) is AgentThinking)
+        self.out.write("\n")
 
-                whose = f"node {d['nodeId']}'s" if d.get("nodeId") else "the run's"
-                why = f"budget: {money(d.get('costUsd') or 0)} spent, {whose} limit is {money(d.get('limitUsd') or 0)}"
-            elif t == "flow:resumed" and d.get("budgetUsd") is not None:
-                from flowkernel.budgets import money
+    def _agent_start(self, ev: AgentStart, run: str) -> None:
+        self._line(self._c("34", "◆"), self._who(ev, run), f"agent {ev.model} session {ev.sessionId}")
 
-                why = f"{why} (budget raised to {money(d['budgetUsd'])})".strip()
-            self._line(self._c("33", "‖" if t != "flow:resumed" else "▶"), t.split(":")[1], why)
-        elif t == "flow:updated":
-            self._line(self._c("33", "✎"), "flow updated", f"{d['fromHash'][:19]}… → {d['toHash'][:19]}…")
-        elif t == "flow:complete":
-            status = d["status"]
-            code = "32" if status == "completed" else "31"
-            err = f": {d['error']}" if d.get("error") else ""
-            # Counted over the whole run, the stored history of a resumed run included (``seed``).
-            self._line(self._c(code, "■"), status, f"{self.counts['done']} done, {self.counts['skipped']} skipped{err}")
+    def _agent_tool(self, ev: AgentTool, run: str) -> None:
+        err = f" error: {preview(ev.error, 40)}" if ev.error else ""
+        duration = 0 if ev.durationMs is None else ev.durationMs
+        self._line(self._c("34", "⚙"), self._who(ev, run), f"{ev.toolName}({preview(ev.toolInput, 30)}) → "
+                                                          f"{preview(ev.toolOutput, 30)} {duration} ms{err}")
+
+    def _agent_error(self, ev: AgentError, run: str) -> None:
+        self._line(self._c("31", "!"), self._who(ev, run), f"{ev.errorType}: {preview(ev.message, 70)}")
+
+    def _agent_complete(self, ev: AgentComplete, run: str) -> None:
+        chain = self._first.get(run, run)
+        calls = self._calls.get(chain, 0) or (ev.numTurns or 0)
+        tokens_in, tokens_out, cost = self._tokens.get(chain, [0, 0, 0.0])
+        if chain not in self._tokens:  # no agent:usage events (an older run): this execution's own
+            u = {} if ev.usage is None else ev.usage
+            tokens_in, tokens_out = u.get("inputTokens", 0), u.get("outputTokens", 0)
+            cost = 0 if ev.totalCostUsd is None else ev.totalCostUsd
+        self._line(self._c("34", "◆"), self._who(ev, run), f"agent done: {calls} model call{'s' if calls != 1 else ''}, "
+                                                          f"{int(tokens_in)} in / {int(tokens_out)} out tokens, ${cost:.4f}")
+
+    def _command(self, ev: CommandReceived, run: str) -> None:
+        verdict = "accepted" if ev.accepted else f"refused: {ev.reason}"
+        self._line(self._c("33", "⌘"), ev.command, verdict)
+
+    def _flow_paused(self, ev: FlowPaused, run: str) -> None:
+        why = ev.reason or ""
+        if why == "budget":
+            from flowkernel.budgets import money
+
+            whose = f"node {ev.nodeId}'s" if ev.nodeId else "the run's"
+            why = f"budget: {money(ev.costUsd or 0)} spent, {whose} limit is {money(ev.limitUsd or 0)}"
+        self._line(self._c("33", "‖"), "paused", why)
+
+    def _flow_resumed(self, ev: FlowResumed, run: str) -> None:
+        why = ev.message or ""
+        if ev.budgetUsd is not None:
+            from flowkernel.budgets import money
+
+            why = f"{why} (budget raised to {money(ev.budgetUsd)})".strip()
+        self._line(self._c("33", "▶"), "resumed", why)
+
+    def _flow_waiting(self, ev: FlowWaiting, run: str) -> None:
+        self._line(self._c("33", "‖"), "waiting", ev.reason or "")
+
+    def _flow_updated(self, ev: FlowUpdated, run: str) -> None:
+        self._line(self._c("33", "✎"), "flow updated", f"{ev.fromHash[:19]}… → {ev.toHash[:19]}…")
+
+    def _flow_complete(self, ev: FlowComplete, run: str) -> None:
+        status = ev.status
+        code = "32" if status == "completed" else "31"
+        err = f": {ev.error}" if ev.error else ""
+        # Counted over the whole run, the stored history of a resumed run included (``seed``).
+        self._line(self._c(code, "■"), status, f"{self.counts['done']} done, {self.counts['skipped']} skipped{err}")
+
+
+# How each event type is shown (types not here print nothing: agent:usage, inbox:consumed).
+_SHOW: dict[type[BaseEvent], Callable[[LiveView, Any, str], None]] = {
+    FlowStart: LiveView._flow_start, NodeStart: LiveView._node_start, NodeComplete: LiveView._node_complete,
+    NodeError: LiveView._node_error, NodeSkipped: LiveView._node_skipped, NodeWaiting: LiveView._node_waiting,
+    EdgeFire: LiveView._edge_fire, EdgeSkip: LiveView._edge_skip, LoopIterate: LiveView._loop_iterate,
+    LoopExhausted: LiveView._loop_exhausted, StatePatch: LiveView._state_patch,
+    AgentTextDelta: LiveView._agent_delta, AgentThinkingDelta: LiveView._agent_delta,
+    AgentText: LiveView._agent_block, AgentThinking: LiveView._agent_block, AgentStart: LiveView._agent_start,
+    AgentTool: LiveView._agent_tool, AgentError: LiveView._agent_error, AgentComplete: LiveView._agent_complete,
+    CommandReceived: LiveView._command, FlowPaused: LiveView._flow_paused, FlowResumed: LiveView._flow_resumed,
+    FlowWaiting: LiveView._flow_waiting, FlowUpdated: LiveView._flow_updated, FlowComplete: LiveView._flow_complete,
+}
+_DELTAS = frozenset({AgentTextDelta, AgentThinkingDelta})
 
 
 def show_snapshot(record: RunRecord, snap: RunSnapshot, out: TextIO, summary: RunSummary | None = None, *,
