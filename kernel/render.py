@@ -146,7 +146,7 @@ class LiveView:
 
     Lines are made from the event's fields as they are (no encoding of the event), and values are
     previewed, never written out whole: showing a run costs in proportion to what is shown. The
-    stream is flushed once per call.
+    stream is flushed once per call, or once per ``batch`` of events committed together.
 
     Times are since the run started (``started_ms``, else its first event), or the wall clock with
     ``wall``. Lines of a node run say which node run they are about (``describe[2]`` for a forEach
@@ -297,6 +297,13 @@ class LiveView:
 
     def __call__(self, ev: BaseEvent) -> None:
         self._show(ev)
+        self.out.flush()
+
+    def batch(self, events: Iterable[BaseEvent]) -> None:
+        """Show events committed together, then flush the stream once (``__call__`` flushes per event):
+        what a run shell hands its listeners after each commit."""
+        for ev in events:
+            self._show(ev)
         self.out.flush()
 
     def _show(self, ev: BaseEvent) -> None:

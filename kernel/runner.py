@@ -69,6 +69,8 @@ from flowkernel.store.base import CommitRequest, EventRow, Lease, RunTotals, Sto
 from flowkernel.store.fenced import fenced
 from msgspec.structs import replace
 
+# Called with each committed event. A listener with a ``batch(events)`` method gets the events of each
+# commit in one call instead (a view that writes to a stream flushes it once per commit, not per line).
 EventListener = Callable[[BaseEvent], None]
 
 CHECKPOINT_MIN_BYTES = 64 * 1024
@@ -796,14 +798,18 @@ class RunExecution:
                              f"lost: `flowkernel resume {self.snap.runId}` continues the run from there") from exc
         for w in waiters:
             w.done.set()
-        for ev in applied if self._listeners else ():
-            for listener in list(self._listeners):
-                try:
-                    listener(ev)
-                except Exception as exc:
-                    # Watching a run must never break it: drop the listener and say so once.
-                    self._listeners.remove(listener)
-                    print(f"flowkernel: stopped showing events of run {self.snap.runId}: {exc!r}", file=sys.stderr)
+        for listener in list(self._listeners) if applied else ():
+            try:
+                batch = getattr(listener, "batch", None)
+                if batch is not None:
+                    batch(applied)
+                else:
+                    for ev in applied:
+                        listener(ev)
+            except Exception as exc:
+                # Watching a run must never break it: drop the listener and say so once.
+                self._listeners.remove(listener)
+                print(f"flowkernel: stopped showing events of run {self.snap.runId}: {exc!r}", file=sys.stderr)
 
     async def _end_grace(self) -> None:
         """Cooperative nodes get a grace period to finish their step on pause; then they are cancelled."""

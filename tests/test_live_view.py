@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 from typing import Any
 
+import anyio
 import msgspec
+from flowkernel.api import Kernel
 from flowkernel.events import (
     AgentTextDelta,
     CommandReceived,
@@ -20,6 +23,7 @@ from flowkernel.events import (
     encode,
 )
 from flowkernel.render import LiveView, preview
+from flowkernel.store.memory import MemoryStore
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -138,3 +142,52 @@ def test_a_resumed_run_prints_its_first_lines_before_reading_its_history() -> No
     view(FlowComplete(status="completed", seq=len(stored) + 3, timestamp=start + 2001))
     assert asked == [1, len(stored)]  # the history before the first event shown, once
     assert out.getvalue().splitlines()[-1].endswith("■ completed              2 done, 0 skipped")
+
+
+class CountedFlushes(io.StringIO):
+    def __init__(self) -> None:
+        super().__init__()
+        self.flushes = 0
+
+    def flush(self) -> None:
+        self.flushes += 1
+        super().flush()
+
+
+def test_a_batch_prints_what_its_events_print_one_by_one_and_flushes_once() -> None:
+    document = flow([py("a", "give"), py("b", "give")], [{"from": "a", "to": "b"}])
+    events = run_flow(document, reg=registry(give=lambda: {"n": 1}))[2]
+    one_by_one, batched = CountedFlushes(), CountedFlushes()
+    single = LiveView(one_by_one)
+    for ev in events:
+        single(ev)
+    LiveView(batched).batch(events)
+    assert batched.getvalue() == one_by_one.getvalue()
+    assert (one_by_one.flushes, batched.flushes) == (len(events), 1)
+
+
+class Recorder:
+    """A listener that takes batches: what it was given, call by call."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, list[Any]]] = []
+
+    def __call__(self, ev: Any) -> None:
+        self.calls.append(("one", [ev]))
+
+    def batch(self, events: Any) -> None:
+        self.calls.append(("batch", list(events)))
+
+
+def test_a_listener_with_a_batch_method_gets_each_commit_in_one_call_and_every_event_once() -> None:
+    document = flow([py("a", "give"), py("b", "give"), py("c", "give")],
+                    [{"from": "a", "to": "b"}, {"from": "b", "to": "c"}])
+    kernel = Kernel(MemoryStore(), registry=registry(give=lambda: {"n": 1}))
+    recorder = Recorder()
+    snap = anyio.run(functools.partial(kernel.run, kernel.compile(document), None, on_event=recorder))
+    assert snap.status == "completed"
+    shown = [ev for _, evs in recorder.calls for ev in evs]
+    assert shown == list(kernel.events(snap.runId))  # all of them, in order, once
+    assert recorder.calls[0] == ("one", shown[:1])  # flow:start, shown as the run is created
+    assert {kind for kind, _ in recorder.calls[1:]} == {"batch"}
+    assert any(len(evs) > 1 for _, evs in recorder.calls[1:])  # a commit of several events: one call

@@ -60,27 +60,50 @@ def printer(args: argparse.Namespace, history: Callable[[int], Iterable[BaseEven
     prints), so a continued run is timed from its start, labelled and counted as a whole; it reads
     them when a line first needs them (``LiveView.seed_later``)."""
     if args.json:
-        from flowkernel.events import encode
-
-        def emit(ev: BaseEvent) -> None:
-            try:
-                sys.stdout.write(encode(ev).decode() + "\n")
-                sys.stdout.flush()
-            except BrokenPipeError:
-                stdout_closed()
-        return emit
+        return _Printer(_JsonLines())
     from flowkernel.render import LiveView
 
     view = LiveView(sys.stdout, wall=getattr(args, "wall", False))
     if history is not None:
         view.seed_later(history)
+    return _Printer(view)
 
-    def show(ev: BaseEvent) -> None:
+
+class _JsonLines:
+    """``--json``: each event as one line of JSON, as stored."""
+
+    def __init__(self) -> None:
+        from flowkernel.events import encode
+
+        self.encode = encode
+
+    def __call__(self, ev: BaseEvent) -> None:
+        sys.stdout.write(self.encode(ev).decode() + "\n")
+        sys.stdout.flush()
+
+    def batch(self, events: Iterable[BaseEvent]) -> None:
+        sys.stdout.write("".join(self.encode(ev).decode() + "\n" for ev in events))
+        sys.stdout.flush()
+
+
+class _Printer:
+    """Prints events one by one, or a commit's worth at once (``batch``, one flush: see
+    ``flowkernel.runner.EventListener``); a reader that went away stops the printing, not the run."""
+
+    def __init__(self, target: Any) -> None:
+        self.target = target
+
+    def __call__(self, ev: BaseEvent) -> None:
         try:
-            view(ev)
+            self.target(ev)
         except BrokenPipeError:
             stdout_closed()
-    return show
+
+    def batch(self, events: Iterable[BaseEvent]) -> None:
+        try:
+            self.target.batch(events)
+        except BrokenPipeError:
+            stdout_closed()
 
 
 def stdout_closed() -> None:
