@@ -175,6 +175,9 @@ class RunExecution:
         self._reset_at: dict[str, int] = {}  # node -> seq of the loop:iterate that last reset it
         self.stop_reason: str | None = None
         self._tg: TaskGroup | None = None
+        # While the first events are appended: the nodes they wake are looked for once, after all of them
+        # (``awake`` goes over every node of the flow).
+        self._awake_later = False
         self._views: dict[str, _View] = {}  # node run id -> the state it sees (see submit_patch)
         self._inline_of: dict[str, bool] = {}  # node -> runs inline (for nodes whose input has no binding)
         # The lease this execution holds: every commit is checked against it (fencing), and the commit
@@ -291,8 +294,12 @@ class RunExecution:
                     tg.start_soon(task, self)
                 if self._children_count and run_limit(self.flow, self.snap) is not None:
                     tg.start_soon(self._watch_children)
-                for draft in first:
-                    self._append(draft)
+                self._awake_later = True
+                try:
+                    for draft in first:
+                        self._append(draft)
+                finally:
+                    self._awake_later = False
                 self._dirty |= awake(self.flow, self.snap)
                 await self._step()
                 while (self.snap.status == "running" or self._active) and self._lost is None:
@@ -523,7 +530,10 @@ class RunExecution:
                 return event
             raise
         if touched:
-            self._dirty |= awake(self.flow, self.snap) if touched is ALL else touched
+            if touched is not ALL:
+                self._dirty |= touched
+            elif not self._awake_later:
+                self._dirty |= awake(self.flow, self.snap)
         if type(event) in _PROGRESS and (type(event) is not NodeStart or event.item is not None):
             self._progress.follow(self.flow, event)
         after = _AFTER_APPLY.get(type(event))
