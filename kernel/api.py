@@ -22,7 +22,7 @@ import anyio
 import msgspec
 from flowkernel.agent_runs import AgentRunFold
 from flowkernel.budgets import run_limit
-from flowkernel.checkpoint import encode_checkpoint, load_checkpoint
+from flowkernel.checkpoint import decode_checkpoint, encode_checkpoint
 from flowkernel.commands import Command, CommandOutcome, judge_command, not_storable
 from flowkernel.committer import Committer
 from flowkernel.compiler import CompiledFlow, compile_flow, load_flow
@@ -343,18 +343,24 @@ class Kernel:
         snapshot it will start from, with status ``queued`` and seq 0."""
         if at is not None:
             self.check_seq(run_id, at)
+        return self._load_snapshot(run_id, at)[0]
+
+    def _load_snapshot(self, run_id: str, at: int | None = None) -> tuple[RunSnapshot, int]:
+        """``snapshot``, and the size of the stored checkpoint it starts from (0: none)."""
         record = self.store.get_run(run_id)
         flows = self.flows_of(record)
         with collector_paused():
-            checkpoint = load_checkpoint(self.store, run_id, at_most=at)
+            checkpoint = self.store.read_checkpoint(run_id, at_most=at)
             if checkpoint is None:
                 events = self.events(run_id, until=at)
                 if not events:
-                    return self._queued_snapshot(self.flow_of(run_id), record)
+                    return self._queued_snapshot(self.flow_of(run_id), record), 0
                 # Folded from the flow the run started with: a later flow:updated switches it.
-                return fold(flows(getattr(events[0], "flowHash", record.flowHash)), events, flows=flows)
-            seq, snap = checkpoint
-            return fold(flows(snap.flowHash), self.events(run_id, after=seq, until=at), snap, flows=flows)
+                return fold(flows(getattr(events[0], "flowHash", record.flowHash)), events, flows=flows), 0
+            seq, skeleton = checkpoint
+            snap = decode_checkpoint(skeleton, self.store.read_blobs)
+            return (fold(flows(snap.flowHash), self.events(run_id, after=seq, until=at), snap, flows=flows),
+                    len(skeleton))
 
     def check_seq(self, run_id: str, at: int) -> None:
         """Raise InvalidInputError unless ``at`` is the seq of one of the run's events."""
@@ -538,9 +544,7 @@ class Kernel:
                 on_event(created.first)
             snap, checkpoint_size = created.snapshot, created.checkpoint_size
         else:
-            snap = self.snapshot(run_id)
-            checkpoint = self.store.read_checkpoint(run_id)
-            checkpoint_size = len(checkpoint[1]) if checkpoint else 0
+            snap, checkpoint_size = self._load_snapshot(run_id)
             flow = self._follow_flow(snap, record)
         drafts = list(first or [])
         if before is not None:

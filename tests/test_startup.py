@@ -76,7 +76,7 @@ def test_loading_a_stored_run_compiles_its_flow_and_reads_its_checkpoint_with_th
     finally:
         store.close()
     enabled: dict[str, list[bool]] = {"compile": [], "checkpoint": []}
-    compile_flow, load_checkpoint = flowkernel.api.compile_flow, flowkernel.api.load_checkpoint
+    compile_flow, decode_checkpoint = flowkernel.api.compile_flow, flowkernel.api.decode_checkpoint
 
     def compiling(*args: Any, **kwargs: Any) -> Any:
         enabled["compile"].append(gc.isenabled())
@@ -84,10 +84,10 @@ def test_loading_a_stored_run_compiles_its_flow_and_reads_its_checkpoint_with_th
 
     def loading(*args: Any, **kwargs: Any) -> Any:
         enabled["checkpoint"].append(gc.isenabled())
-        return load_checkpoint(*args, **kwargs)
+        return decode_checkpoint(*args, **kwargs)
 
     monkeypatch.setattr(flowkernel.api, "compile_flow", compiling)
-    monkeypatch.setattr(flowkernel.api, "load_checkpoint", loading)
+    monkeypatch.setattr(flowkernel.api, "decode_checkpoint", loading)
     store = SqliteStore(db)
     try:
         fresh = Kernel(store)  # nothing compiled yet in this kernel: the stored flow is
@@ -184,3 +184,50 @@ def test_bare_nodes_and_edges_compile_to_the_graph_the_same_flow_spelled_out_in_
     assert shown[0]["a"][-1] == {"x": 1}
     assert flows[0].edges == flows[1].edges
     assert (flows[0].outgoing, flows[0].incoming, flows[0].gates) == (flows[1].outgoing, flows[1].incoming, flows[1].gates)
+
+
+def test_a_resumed_run_reads_its_checkpoint_and_looks_over_its_whole_flow_once_before_it_goes_on(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    import flowkernel.runner
+    from flowkernel.commands import Command
+    from flowkernel.registry import default_registry
+
+    registry = default_registry().copy()
+    document = {"name": "steps", "nodes": [{"id": f"n{i}", "type": "python", "input": {"function": "step",
+                                                                                       "args": {"i": i}}}
+                                           for i in range(4)],
+                "edges": [{"from": f"n{i}", "to": f"n{i + 1}"} for i in range(3)]}
+    store = SqliteStore(tmp_path / "runs.db")
+    try:
+        kernel = Kernel(store, registry=registry)
+
+        def step(i: int) -> int:
+            if i == 1:
+                kernel._executing[run_id].deliver(Command(kind="pause", reason="test"))
+            return i
+
+        registry.add_function("step", step)
+        run_id = kernel.create_run(kernel.compile(document), {})
+        assert anyio.run(kernel.execute, run_id).status == "paused"
+        looked: list[int] = []
+        awake = flowkernel.runner.awake
+
+        def counted(flow: Any, snap: Any) -> set[str]:
+            looked.append(snap.seq)
+            return awake(flow, snap)
+
+        monkeypatch.setattr(flowkernel.runner, "awake", counted)
+        reads: list[str] = []
+        read_checkpoint = store.read_checkpoint
+
+        def reading(run: str, *args: Any, **kwargs: Any) -> Any:
+            reads.append(run)
+            return read_checkpoint(run, *args, **kwargs)
+
+        monkeypatch.setattr(store, "read_checkpoint", reading)
+        done = anyio.run(kernel.resume, run_id)
+    finally:
+        store.close()
+    assert done.status == "completed" and done.outputs["n3"] == 3
+    assert len(looked) == 1  # after command:received and flow:resumed, not after each
+    assert reads == [run_id]  # the snapshot is rebuilt from it, and its size known from that read
