@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -231,3 +232,48 @@ def test_a_resumed_run_reads_its_checkpoint_and_looks_over_its_whole_flow_once_b
     assert done.status == "completed" and done.outputs["n3"] == 3
     assert len(looked) == 1  # after command:received and flow:resumed, not after each
     assert reads == [run_id]  # the snapshot is rebuilt from it, and its size known from that read
+
+
+# A plugin module the command imports first: it notes, for every line the command prints, whether the
+# anthropic SDK was imported by then.
+WATCHER = '''
+import sys
+
+class _Watch:
+    def __init__(self, real):
+        self.real, self.pending = real, ""
+
+    def write(self, text):
+        self.pending += text
+        while "\\n" in self.pending:
+            line, self.pending = self.pending.split("\\n", 1)
+            print("SDK" if "anthropic" in sys.modules else "---", line, file=sys.stderr)
+        return self.real.write(text)
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+sys.stdout = _Watch(sys.stdout)
+'''
+
+
+def test_an_agent_run_prints_its_first_events_before_the_sdk_is_imported(tmp_path: Path,
+                                                                          clean_env: dict[str, str]) -> None:
+    from flowkernel.testing.fake_api import FakeAnthropic, Text, reply
+
+    (tmp_path / "sdk_watch.py").write_text(WATCHER)
+    flow = tmp_path / "ask.json"
+    flow.write_text(json.dumps({"name": "ask", "nodes": [{"id": "agent", "type": "claude.agent",
+                                                          "input": {"prompt": "Is it on?"}}], "edges": []}))
+    with FakeAnthropic() as fake:
+        fake.script(reply(Text("Yes.")))
+        env = {**clean_env, "ANTHROPIC_BASE_URL": fake.base_url, "ANTHROPIC_API_KEY": "test",
+               "PYTHONPATH": f"{tmp_path}{os.pathsep}{clean_env['PYTHONPATH']}"}
+        done = subprocess.run([sys.executable, "-m", "flowkernel.cli", "--plugin", "sdk_watch", "run", str(flow),
+                               "--db", str(tmp_path / "runs.db")], cwd=tmp_path, env=env, capture_output=True,
+                              text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    seen = [line.split(" ", 1) for line in done.stderr.splitlines() if line.startswith(("SDK ", "--- "))]
+    started = next(i for i, (_, line) in enumerate(seen) if "agent" in line and "started" in line)
+    assert [mark for mark, _ in seen[:started + 1]] == ["---"] * (started + 1)  # the run and the node shown
+    assert seen[-1][0] == "SDK" and "completed" in seen[-1][1]  # then the model was called through it
