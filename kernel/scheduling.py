@@ -79,16 +79,25 @@ class Progress:
     __slots__ = ("_edges", "_items")
 
     def __init__(self) -> None:
-        self._edges: dict[str, list[int]] = {}  # node -> [pending, fired, skipped] incoming edges
+        # node -> (pending, fired, skipped) incoming edges. Tuples of ints, not lists: the cyclic collector
+        # stops tracking those at its first pass, where a list per node of a large fan-in stays tracked and
+        # makes each full collection during the run longer and the next one sooner.
+        self._edges: dict[str, tuple[int, int, int]] = {}
         self._items: dict[str, list[int]] = {}  # forEach node -> [items finished, first maybe not started]
 
-    def edges(self, flow: CompiledFlow, snap: RunSnapshot, n: str) -> list[int]:
+    def edges(self, flow: CompiledFlow, snap: RunSnapshot, n: str) -> tuple[int, int, int]:
         counts = self._edges.get(n)
         if counts is None:
-            counts = self._edges[n] = [0, 0, 0]
+            pending = fired = skipped = 0
             for eid in flow.incoming[n]:
                 st = snap.edgeStatus[eid]
-                counts[0 if st == "pending" else 1 if st == "fired" else 2] += 1
+                if st == "pending":
+                    pending += 1
+                elif st == "fired":
+                    fired += 1
+                else:
+                    skipped += 1
+            counts = self._edges[n] = (pending, fired, skipped)
         return counts
 
     def items(self, snap: RunSnapshot, n: str) -> list[int]:
@@ -105,10 +114,11 @@ class Progress:
         t = type(ev)
         if t is EdgeFire or t is EdgeSkip:
             edge = flow.edges[ev.edgeId]  # type: ignore[attr-defined]
-            counts = self._edges.get(edge.target)
-            if counts is not None and not edge.is_loop:
-                counts[0] -= 1
-                counts[1 if t is EdgeFire else 2] += 1
+            edge_counts = self._edges.get(edge.target)
+            if edge_counts is not None and not edge.is_loop:
+                pending, fired, skipped = edge_counts
+                self._edges[edge.target] = (pending - 1, fired + 1, skipped) if t is EdgeFire \
+                    else (pending - 1, fired, skipped + 1)
             if t is EdgeFire and ev.items is not None:  # type: ignore[attr-defined]
                 self._items.pop(edge.target, None)  # a new group
         elif t is NodeStart or t is NodeComplete or t is NodeSkipped or t is NodeError:
