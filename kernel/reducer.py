@@ -49,12 +49,14 @@ from flowkernel.snapshot import (
     BudgetPause,
     ForEachState,
     InboxMessage,
+    ItemResult,
     NodeFault,
     RunSnapshot,
     StagedPatch,
     Waiting,
 )
 from flowkernel.state_ops import apply_patch, apply_patches
+from msgspec import UNSET
 from msgspec.structs import replace
 
 ALL: frozenset[str] = frozenset({"*"})  # "every node may be affected"
@@ -192,17 +194,17 @@ def _node_start(flow: CompiledFlow, s: RunSnapshot, ev: NodeStart, o: bool) -> t
     ), frozenset({n}) if n in s.forEach else _NONE
 
 
-def _item_result(s: RunSnapshot, n: str, item: int, result: dict[str, Any], o: bool,
+def _item_result(s: RunSnapshot, n: str, item: int, result: ItemResult, o: bool,
                  failed_run: str | None = None) -> RunSnapshot:
     fe = s.forEach[n]
     if o:  # the shell's own snapshot: one slot changes, not a copy of 20,000
-        fe.results[item] = {"item": fe.items[item], **result}
+        fe.results[item] = result
         fe.running.pop(str(item), None)
         if failed_run is not None:  # a retry of the item continues this node run
             fe.resumedFrom[str(item)] = failed_run
         return s
     results = list(fe.results)
-    results[item] = {"item": fe.items[item], **result}
+    results[item] = result
     resumed = fe.resumedFrom
     if failed_run is not None:  # a retry of the item continues this node run
         resumed = _set(o, resumed, str(item), failed_run)
@@ -215,7 +217,7 @@ def _node_complete(flow: CompiledFlow, s: RunSnapshot, ev: NodeComplete, o: bool
     if s.staged:
         s = _land(s, ev.runId, o)
     if ev.item is not None:
-        s = _item_result(s, n, ev.item, {"output": ev.output}, o)
+        s = _item_result(s, n, ev.item, ItemResult(item=s.forEach[n].items[ev.item], output=ev.output), o)
         return replace(s, seq=ev.seq, inbox=_drop(o, s.inbox, ev.runId or "")), frozenset({n})
     return replace(
         s, seq=ev.seq, nodeStatus=_set(o, s.nodeStatus, n, "done"), outputs=_set(o, s.outputs, n, ev.output),
@@ -231,7 +233,8 @@ def _node_error(flow: CompiledFlow, s: RunSnapshot, ev: NodeError, o: bool) -> t
     if ev.willRetry:
         return replace(s, seq=ev.seq), frozenset()
     if ev.item is not None:
-        s = _item_result(s, n, ev.item, {"error": ev.message}, o, failed_run=ev.runId)
+        s = _item_result(s, n, ev.item, ItemResult(item=s.forEach[n].items[ev.item], error=ev.message), o,
+                         failed_run=ev.runId)
         return replace(s, seq=ev.seq, inbox=_drop(o, s.inbox, ev.runId or "")), frozenset({n})
     fault = NodeFault(errorType=ev.errorType, message=ev.message, runId=ev.runId, details=ev.details)
     return replace(
@@ -243,7 +246,7 @@ def _node_error(flow: CompiledFlow, s: RunSnapshot, ev: NodeError, o: bool) -> t
 def _node_skipped(flow: CompiledFlow, s: RunSnapshot, ev: NodeSkipped, o: bool) -> tuple[RunSnapshot, frozenset[str]]:
     n = ev.nodeId or ""
     if ev.item is not None:
-        s = _item_result(s, n, ev.item, {"skipped": True}, o)
+        s = _item_result(s, n, ev.item, ItemResult(item=s.forEach[n].items[ev.item], skipped=True), o)
         return replace(s, seq=ev.seq), frozenset({n})
     return replace(s, seq=ev.seq, nodeStatus=_set(o, s.nodeStatus, n, "skipped")), frozenset({n})
 
@@ -369,7 +372,7 @@ def _flow_resumed(flow: CompiledFlow, s: RunSnapshot, ev: FlowResumed, o: bool) 
                     retried.append(s.nodeRuns[n])
         if ev.retry and n in for_each:
             fe = for_each[n]
-            failed = [i for i, r in enumerate(fe.results) if isinstance(r, dict) and "error" in r]
+            failed = [i for i, r in enumerate(fe.results) if r is not None and r.error is not UNSET]
             if failed:
                 results = [None if i in failed else r for i, r in enumerate(fe.results)]
                 for_each[n] = ForEachState(items=fe.items, results=results, running=fe.running,

@@ -30,6 +30,7 @@ from flowkernel.events import (
 )
 from flowkernel.expressions import ALWAYS, is_constant
 from flowkernel.snapshot import ForEachState, RunSnapshot
+from msgspec import UNSET
 
 EMPTY: Mapping[str, Any] = {}
 
@@ -349,14 +350,15 @@ def _advance_for_each(flow: CompiledFlow, snap: RunSnapshot, node: CompiledNode,
     counts = progress.items(snap, n) if progress is not None else None
     finished = counts[0] == len(fe.results) if counts is not None else all(r is not None for r in fe.results)
     if finished and not fe.running:
-        errors = [r for r in fe.results if isinstance(r, dict) and "error" in r]
+        errors = [r.error for r in fe.results if r is not None and r.error is not UNSET]
         if errors and not node.policy.continueOnError:
             decision.drafts.append(NodeError(
                 nodeId=n, runId=snap.nodeRuns.get(n), errorType="item_failed", attempt=snap.attempts.get(n, 1),
-                message=f"{len(errors)} of {len(fe.items)} items failed; first: {errors[0]['error']}"))
+                message=f"{len(errors)} of {len(fe.items)} items failed; first: {errors[0]}"))
         else:
+            iterations = [None if r is None else r.as_json() for r in fe.results]
             decision.drafts.append(NodeComplete(nodeId=n, runId=snap.nodeRuns.get(n),
-                                                output={"iterations": list(fe.results)}))
+                                                output={"iterations": iterations}))
         return 0
     edge = flow.edges[flow.for_each_into[n]]
     taken = 0

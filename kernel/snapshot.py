@@ -15,9 +15,29 @@ class InboxMessage(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
     seq: int  # the command:received event that accepted it
 
 
+class ItemResult(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
+    """A finished forEach item, as the group's output lists it: ``{"item", "output"}``, ``{"item",
+    "error"}`` or ``{"item", "skipped": true}``. A struct the cyclic collector does not track (a dict
+    holding an output is tracked): a group of 20,000 items keeps as many for as long as it runs, and
+    tracked they would make every full collection meanwhile longer and the next one sooner."""
+
+    item: Any
+    output: Any = msgspec.UNSET
+    error: str | msgspec.UnsetType = msgspec.UNSET
+    skipped: bool | msgspec.UnsetType = msgspec.UNSET
+
+    def as_json(self) -> dict[str, Any]:
+        """The entry of the group's ``iterations`` output."""
+        if self.output is not msgspec.UNSET:
+            return {"item": self.item, "output": self.output}
+        if self.error is not msgspec.UNSET:
+            return {"item": self.item, "error": self.error}
+        return {"item": self.item, "skipped": True}
+
+
 class ForEachState(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
     items: list[Any]
-    results: list[Any]  # one slot per item: None until it finishes
+    results: list[ItemResult | None]  # one slot per item: None until it finishes
     running: dict[str, str] = msgspec.field(default_factory=dict)  # str(item index) -> node run id
     # str(item index) -> the node run a new run of that item continues (it was interrupted or failed)
     resumedFrom: dict[str, str] = msgspec.field(default_factory=dict)

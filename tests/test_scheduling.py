@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import gc
 import time
 from typing import Any
 
 import anyio
+import msgspec
 import pytest
 from flowkernel.context import NodeContext
 from flowkernel.errors import FlowValidationError
@@ -18,6 +20,7 @@ from flowkernel.events import (
     NodeError,
     NodeSkipped,
 )
+from flowkernel.reducer import fold
 from flowkernel.state_ops import apply_patch
 
 from tests.helpers import flow, py, registry, run_flow, started, t
@@ -154,6 +157,21 @@ def test_for_each_runs_one_node_run_per_item_and_collects_iterations() -> None:
     item_completes = [e for e in events if isinstance(e, NodeComplete) and e.nodeId == "shout" and e.item is not None]
     assert sorted(e.item for e in item_completes) == [0, 3]
     assert snap.outputs["count"] == 4
+
+
+def test_a_running_for_each_group_keeps_its_finished_items_out_of_the_cyclic_collectors_view() -> None:
+    """A group of 20,000 items keeps 20,000 results while it runs: tracked by the cyclic collector, they
+    would make its full collections longer and more frequent as the group goes on."""
+    doc = flow([t("xs", "[1, 2, 3]"), t("each", "{'x': x, 'nested': {'list': [x]}}")],
+               [{"from": "xs", "to": "each", "forEach": {"in": "xs", "as": "x"}}])
+    kernel, snap, events = run_flow(doc)
+    assert snap.outputs["each"]["iterations"][0] == {"item": 1, "output": {"x": 1, "nested": {"list": [1]}}}
+    group_done = next(i for i, e in enumerate(events)
+                      if isinstance(e, NodeComplete) and e.nodeId == "each" and e.item is None)
+    during = fold(kernel.compile(doc), events[:group_done])  # every item finished, the group not yet
+    results = during.forEach["each"].results
+    assert [msgspec.to_builtins(r) for r in results] == snap.outputs["each"]["iterations"]
+    assert not any(gc.is_tracked(r) for r in results)
 
 
 def test_for_each_item_variables_first_last_iteration() -> None:
