@@ -166,9 +166,10 @@ print("HEAVY " + ",".join(heavy), file=sys.stderr)
 """
 
 
-# What running a flow cannot start without, whatever flowkernel does: the event loop (asyncio and anyio),
-# msgspec (events, snapshots) and the SQLite driver. The part of `run` above it is flowkernel's own.
-_DEPENDENCIES = "asyncio, anyio, msgspec, sqlite3"
+# What running a flow cannot start without, whatever flowkernel does: the event loop (asyncio, anyio and
+# the asyncio backend that `anyio.run` loads), msgspec (events, snapshots) and the SQLite driver. The part
+# of `run` above it is flowkernel's own.
+_DEPENDENCIES = "asyncio, anyio, anyio._backends._asyncio, msgspec, sqlite3"
 DEPENDENCY_FLOOR = f"dependency floor: python -c 'import {_DEPENDENCIES}' ms"
 
 
