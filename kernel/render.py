@@ -171,6 +171,7 @@ class LiveView:
         self._stamp = 0
         self._when_of: tuple[int | None, int | None] = (None, None)  # (stamp, t0) of the time last formatted
         self._when_text = ""
+        self._when_shown = ("", "")  # (a time, as a line shows it)
         self._history: Callable[[int], Iterable[BaseEvent | bytes]] | None = None  # see seed_later
         self._history_until: int | None = None
 
@@ -255,8 +256,12 @@ class LiveView:
         return text
 
     def _line(self, mark: str, who: str, what: str) -> None:
-        self._end_stream()
-        self.out.write(f"{self._c('2', self._when())} {mark} {who:<22} {what}\n")
+        if self._streaming is not None:
+            self._end_stream()
+        when = self._when()
+        if when is not self._when_shown[0]:  # dimmed once per time shown
+            self._when_shown = (when, self._c("2", when))
+        self.out.write(f"{self._when_shown[1]} {mark} {who:<22} {what}\n")
 
     def _end_stream(self) -> None:
         if self._streaming is not None:
