@@ -52,15 +52,19 @@ def blocking(fn: Callable[..., Any]) -> Callable[..., Any]:
     if inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn):
         raise InvalidInputError(f"blocking({_label(fn)}): an async function does not block the event loop; "
                                 "register it as it is")
-    try:
-        takes_ctx = "ctx" in inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        takes_ctx = False
-    if takes_ctx:
+    if takes_ctx(fn):
         raise InvalidInputError(f"blocking({_label(fn)}): a function run in a worker thread cannot take `ctx` (the "
                                 "run's state lives on the event loop); make it async to use ctx, or return the value "
                                 "and store it with a state.set node")
     return Blocking(fn)
+
+
+def takes_ctx(fn: Any) -> bool:
+    """Whether a function for ``python`` nodes has a ``ctx`` parameter (it is then given the NodeContext)."""
+    try:
+        return "ctx" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def _label(fn: Any) -> str:

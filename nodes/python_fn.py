@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from flowkernel.errors import NodeFailure, Problem
 from flowkernel.node import KnownNames, bindable, unknown_name
-from flowkernel.registry import Blocking
+from flowkernel.registry import Blocking, takes_ctx
 
 if TYPE_CHECKING:
     from flowkernel.context import NodeContext
@@ -72,7 +72,7 @@ class PythonNode:
             # A thread cannot be stopped: a timeout, pause or abort that came meanwhile takes effect now.
             await anyio.lowlevel.checkpoint_if_cancelled()
             return result
-        if _per_function(_WANTS_CTX, fn, _takes_ctx):
+        if _per_function(_WANTS_CTX, fn, takes_ctx):
             args = {**args, "ctx": ctx}
         result = fn(**args)
         if type(result) not in _PLAIN and inspect.isawaitable(result):
@@ -94,13 +94,6 @@ def _per_function(cache: dict[Any, bool], fn: Any, probe: Callable[[Any], bool])
     if known is None:
         known = cache[fn] = probe(fn)
     return known
-
-
-def _takes_ctx(fn: Any) -> bool:
-    try:
-        return "ctx" in inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
 
 
 def _is_plain_function(fn: Any) -> bool:
