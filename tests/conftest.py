@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -26,6 +27,24 @@ if "FLOWKERNEL_CACHE_DIR" not in os.environ:
 from flowkernel.store.memory import MemoryStore  # noqa: E402
 from flowkernel.store.sqlite import SqliteStore  # noqa: E402
 from flowkernel.testing.audit import audit_store  # noqa: E402
+
+
+def current_models() -> set[str]:
+    """The models a user gets without choosing one: the default and those the shipped examples name."""
+    from flowkernel.nodes.claude.config import DEFAULT_MODEL
+
+    models = {DEFAULT_MODEL}
+    for path in [*(ROOT / "flows").glob("*.json"), *(ROOT / "fixtures").glob("*/*.json")]:
+        text = path.read_text(encoding="utf-8")
+        models |= set(re.findall(r'"model":\s*"([^"{}]+)"', text))
+    return models
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # The SDK warns when a call names a model in its deprecation table. For the models users get by
+    # default that is a failure of the suite; an older model a test names on purpose only warns.
+    for model in sorted(current_models()):
+        config.addinivalue_line("filterwarnings", f"error:The model '{re.escape(model)}' is deprecated:DeprecationWarning")
 
 
 @pytest.fixture(autouse=True)
