@@ -395,3 +395,13 @@ def test_check_reports_every_problem_with_its_path() -> None:
     ok: list[Problem] = []
     ClaudeAgentNode().check({"prompt": "{{ flow.input.x }}", "tools": "{{ state.tools }}"}, "$", ok)
     assert ok == []
+
+
+async def test_a_temperature_reaches_the_api_though_the_sdk_has_no_parameter_for_it(
+        tmp_path: Path, fake: FakeAnthropic) -> None:
+    # anthropic 2.14's messages.create() takes no `temperature`; older models still do.
+    fake.script(reply(Text("ok")))
+    _, snap = await run_agent(tmp_path, fake, prompt="x", model="claude-sonnet-4-6", temperature=0.3)
+
+    assert snap.status == "completed", snap.faults
+    assert sent(fake.requests[0].body)["temperature"] == 0.3

@@ -13,6 +13,7 @@ Deltas streamed by a failed attempt stay in the log; the retry streams its own.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import weakref
 from collections.abc import Awaitable, Callable
@@ -244,13 +245,33 @@ class AnthropicQuery:
 
     async def _once(self, request: dict[str, Any], emit: Callable[[BaseEvent], None]) -> ModelMessage:
         acc = _Accumulator(emit)
-        stream = await self.client().messages.create(**request, stream=True)
+        messages = self.client().messages
+        stream = await messages.create(**sdk_arguments(messages.create, request), stream=True)
         async with stream:
             async for event in stream:
                 acc.feed(event)
         if not acc.stopped:
             raise IncompleteStream("the stream ended before message_stop")
         return acc.result()
+
+
+_KEYWORDS: dict[Any, frozenset[str]] = {}
+
+
+def sdk_arguments(create: Callable[..., Any], request: dict[str, Any]) -> dict[str, Any]:
+    """``request`` as keyword arguments of the SDK's ``create``: a request field the installed SDK has no
+    parameter for (``temperature`` from anthropic 2.14 on) goes in ``extra_body``, so it still reaches
+    the wire unchanged instead of failing the call with a ``TypeError``."""
+    func = getattr(create, "__func__", create)
+    known = _KEYWORDS.get(func)
+    if known is None:
+        known = _KEYWORDS[func] = frozenset(inspect.signature(create).parameters)
+    extra = {k: v for k, v in request.items() if k not in known}
+    if not extra:
+        return request
+    kwargs = {k: v for k, v in request.items() if k in known}
+    kwargs["extra_body"] = {**kwargs.get("extra_body", {}), **extra}
+    return kwargs
 
 
 CREDENTIAL_VARIABLES = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_BASE_URL")
