@@ -22,8 +22,8 @@ def add_parsers(sub: Any) -> None:
     sp.add_argument("--flows", action="append", default=[], metavar="DIR",
                     help="a folder of flow files that POST /api/v1/runs may start by name (repeatable)")
     sp.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
-                    help="allow browser pages from ORIGIN (e.g. http://localhost:5173) to call the API (repeatable; "
-                         "default: none)")
+                    help="allow browser pages from ORIGIN (e.g. http://localhost:5173) to call the API, commands "
+                         "included (repeatable; default: none)")
     sp.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
                     help="also answer requests whose Host is NAME (e.g. the name a reverse proxy forwards; "
                          "repeatable; default: only localhost and loopback addresses, or any name with a token)")
@@ -41,6 +41,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         import anyio
         import uvicorn
         from flowkernel.server import ServerConfig, create_app
+        from flowkernel.server.crosssite import cors_origin
         from flowkernel.server.hosts import allowed_host, is_loopback
     except ImportError as exc:
         print(f"flowkernel: serve needs the server extra (pip install 'flowkernel[server]'): {exc}", file=sys.stderr)
@@ -50,12 +51,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
               "FLOWKERNEL_API_TOKEN (clients then send `Authorization: Bearer <token>`), or use --host 127.0.0.1",
               file=sys.stderr)
         return EXIT_INVALID
-    for value in args.allowed_host:
-        try:
-            allowed_host(value)
-        except ValueError as exc:
-            print(f"flowkernel: serve --allowed-host {value}: {exc}", file=sys.stderr)
-            return EXIT_INVALID
+    for option, values, check in (("--allowed-host", args.allowed_host, allowed_host),
+                                  ("--cors-origin", args.cors_origin, cors_origin)):
+        for value in values:
+            try:
+                check(value)
+            except ValueError as exc:
+                print(f"flowkernel: serve {option} {value}: {exc}", file=sys.stderr)
+                return EXIT_INVALID
     from pathlib import Path
 
     from flowkernel.api import Kernel

@@ -23,6 +23,7 @@ from flowkernel.api import Kernel
 from flowkernel.catalog import FlowCatalog
 from flowkernel.server import agents, execute, flows, problems, runs, stream, webui
 from flowkernel.server.auth import token_check
+from flowkernel.server.crosssite import CrossSiteGuard, cors_origin
 from flowkernel.server.feed import Feed
 from flowkernel.server.hosts import HostCheck, allowed_host
 from flowkernel.server.limits import MAX_BODY_BYTES, BodyLimit
@@ -99,9 +100,12 @@ def create_app(kernel: Kernel, config: ServerConfig | None = None, *, feed_store
     app.include_router(guarded)
 
     # Each middleware added wraps the ones before it: the Host check comes first, then the body
-    # limit (before anything reads a body).
-    if config.cors_origins:
-        app.add_middleware(CORSMiddleware, allow_origins=config.cors_origins, allow_credentials=False,
+    # limit (before anything reads a body), CORS (so a listed origin can read a refusal), and the
+    # cross-site guard of state-changing requests.
+    origins = [cors_origin(o) for o in config.cors_origins]
+    app.add_middleware(CrossSiteGuard, prefix=PREFIX, origins=origins)
+    if origins:
+        app.add_middleware(CORSMiddleware, allow_origins=origins, allow_credentials=False,
                            allow_methods=["GET", "POST"], allow_headers=["Authorization", "Content-Type",
                                                                          "Last-Event-ID"],
                            expose_headers=["Location"])

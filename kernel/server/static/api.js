@@ -65,8 +65,10 @@ async function send(path, { method = "GET", query = null, body = undefined, sign
   for (;;) {
     const sentWith = token;
     const init = { method, signal, headers: headers(accept ? { Accept: accept } : {}) };
-    if (body !== undefined) {
-      init.body = JSON.stringify(body);
+    // The server takes a request that changes state only as JSON (an empty one as {}): what a page
+    // of another site cannot send without asking the server first.
+    if (body !== undefined || (method !== "GET" && method !== "HEAD")) {
+      init.body = JSON.stringify(body === undefined ? {} : body);
       init.headers["Content-Type"] = "application/json";
     }
     let response;
