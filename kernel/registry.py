@@ -12,6 +12,7 @@ import importlib
 import inspect
 import os
 import sys
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar, overload
 
@@ -77,38 +78,70 @@ class LazyMap(dict[str, V]):
 
     Resuming a run should not import the anthropic SDK or scan every installed package when the
     flow only uses ``transform`` nodes: this is what keeps start-up cheap.
+
+    Safe to share between threads (a server answers requests in several at once): a lazy name stays
+    known while its module imports, and a name asked for while ``on_miss`` runs is answered once it
+    has run. No lock of the map is held while a lazy entry's module imports (Python's import lock
+    makes a second importer of the same module wait for the first), so a module that registers into
+    the map as it is imported cannot deadlock it.
     """
 
-    def __init__(self, on_miss: Callable[[], None] | None = None) -> None:
+    def __init__(self, on_miss: Callable[[], None] | None = None, *, lock: threading.RLock | None = None) -> None:
+        """``lock``: held while ``on_miss`` runs; maps whose hooks share work share it (one lock, no
+        order to get wrong)."""
         super().__init__()
         self._lazy: dict[str, tuple[str, bool]] = {}
         self._on_miss = on_miss
+        self._entries = threading.Lock()  # guards moving a name from ``_lazy`` into the dict
+        self._missing = lock or threading.RLock()
 
     def add_lazy(self, name: str, target: str, *, instantiate: bool = False) -> None:
-        self._lazy[name] = (target, instantiate)
+        with self._entries:
+            self._lazy[name] = (target, instantiate)
+
+    def __setitem__(self, key: str, value: V) -> None:
+        with self._entries:
+            dict.__setitem__(self, key, value)
+            self._lazy.pop(key, None)  # a value registered now wins over a lazy one not yet imported
 
     def _resolve(self, name: str) -> V:
-        target, instantiate = self._lazy.pop(name)
+        with self._entries:
+            if dict.__contains__(self, name):
+                return dict.__getitem__(self, name)
+            entry = self._lazy.get(name)
+        if entry is None:
+            raise KeyError(name)
+        # The name stays in ``_lazy`` until its value is in the dict: a thread that asks meanwhile
+        # sees it as known, and imports it too (waiting on the import lock) or finds it resolved.
+        target, instantiate = entry
         module, _, attr = target.partition(":")
         value = getattr(importlib.import_module(module), attr)
         if instantiate:
             value = value()
-        self[name] = value
+        with self._entries:
+            if self._lazy.get(name) is entry:
+                dict.__setitem__(self, name, value)
+                del self._lazy[name]
+            elif dict.__contains__(self, name):
+                value = dict.__getitem__(self, name)  # resolved (or registered) by another thread first
         return value  # type: ignore[no-any-return]
 
     def _miss(self) -> None:
-        if self._on_miss is not None:
+        # Always under the lock: a thread that comes while another runs the hook waits for the
+        # entries it adds instead of finding none.
+        with self._missing:
             hook, self._on_miss = self._on_miss, None
-            hook()
+            if hook is not None:
+                hook()
+
+    def _known(self, key: object) -> bool:
+        with self._entries:
+            return dict.__contains__(self, key) or key in self._lazy
 
     def __missing__(self, key: str) -> V:
-        if key not in self._lazy:
+        if not self._known(key):
             self._miss()
-        if key in self._lazy:
-            return self._resolve(key)
-        if dict.__contains__(self, key):
-            return dict.__getitem__(self, key)
-        raise KeyError(key)
+        return self._resolve(key)
 
     def get(self, key: str, default: Any = None) -> Any:
         try:
@@ -117,26 +150,29 @@ class LazyMap(dict[str, V]):
             return default
 
     def __contains__(self, key: object) -> bool:
-        if dict.__contains__(self, key) or key in self._lazy:
+        if self._known(key):
             return True
         self._miss()
-        return dict.__contains__(self, key) or key in self._lazy
+        return self._known(key)
 
     def __iter__(self) -> Iterator[str]:
         self._miss()
-        yield from list(dict.keys(self))
-        yield from list(self._lazy)
+        with self._entries:
+            names = [*dict.keys(self), *(name for name in self._lazy if not dict.__contains__(self, name))]
+        yield from names
 
     def __len__(self) -> int:
-        return dict.__len__(self) + len(self._lazy)
+        with self._entries:
+            return dict.__len__(self) + len(self._lazy)
 
     def keys(self) -> Any:
         return list(iter(self))
 
-    def clone(self, on_miss: Callable[[], None] | None = None) -> LazyMap[V]:
-        other: LazyMap[V] = LazyMap(on_miss)
-        other.update(dict.items(self))
-        other._lazy = dict(self._lazy)
+    def clone(self, on_miss: Callable[[], None] | None = None, *, lock: threading.RLock | None = None) -> LazyMap[V]:
+        other: LazyMap[V] = LazyMap(on_miss, lock=lock)
+        with self._entries:
+            dict.update(other, dict.items(self))
+            other._lazy = dict(self._lazy)
         return other
 
 
@@ -144,15 +180,21 @@ class Registry:
     """Node types, functions and tools available to runs."""
 
     def __init__(self) -> None:
-        self.node_types: LazyMap[NodeType] = LazyMap(self._load_entry_points)
-        self.functions: LazyMap[Callable[..., Any]] = LazyMap(self._load_entry_points)
-        self.tools: LazyMap[Any] = LazyMap(self._load_entry_points)
+        # One scan of the entry points fills all three maps, under one lock: a thread that misses in
+        # one of them while another thread scans waits for the scan rather than find it marked done
+        # and the entries not there yet.
+        self._loading = threading.RLock()
+        self.node_types: LazyMap[NodeType] = LazyMap(self._load_entry_points, lock=self._loading)
+        self.functions: LazyMap[Callable[..., Any]] = LazyMap(self._load_entry_points, lock=self._loading)
+        self.tools: LazyMap[Any] = LazyMap(self._load_entry_points, lock=self._loading)
         self._entry_points_loaded = False
 
     def _load_entry_points(self) -> None:
-        if not self._entry_points_loaded:
-            self._entry_points_loaded = True
-            _load_entry_points(self)
+        # Marked before it runs, so a lookup the scan itself makes (same thread) does not start another.
+        with self._loading:
+            if not self._entry_points_loaded:
+                self._entry_points_loaded = True
+                _load_entry_points(self)
 
     # -- registration: one form for each of functions, tools and node types -------------------
     #
@@ -249,9 +291,9 @@ class Registry:
     def copy(self) -> Registry:
         other = Registry()
         other._entry_points_loaded = self._entry_points_loaded
-        other.node_types = self.node_types.clone(other._load_entry_points)
-        other.functions = self.functions.clone(other._load_entry_points)
-        other.tools = self.tools.clone(other._load_entry_points)
+        other.node_types = self.node_types.clone(other._load_entry_points, lock=other._loading)
+        other.functions = self.functions.clone(other._load_entry_points, lock=other._loading)
+        other.tools = self.tools.clone(other._load_entry_points, lock=other._loading)
         return other
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import os
 import sys
 from typing import Any
@@ -23,8 +22,11 @@ def add_parsers(sub: Any) -> None:
     sp.add_argument("--flows", action="append", default=[], metavar="DIR",
                     help="a folder of flow files that POST /api/v1/runs may start by name (repeatable)")
     sp.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
-                    help="allow browser pages from ORIGIN (e.g. http://localhost:5173) to call the API (repeatable; "
-                         "default: none)")
+                    help="allow browser pages from ORIGIN (e.g. http://localhost:5173) to call the API, commands "
+                         "included (repeatable; default: none)")
+    sp.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
+                    help="also answer requests whose Host is NAME (e.g. the name a reverse proxy forwards; "
+                         "repeatable; default: only localhost and loopback addresses, or any name with a token)")
     sp.add_argument("--workers", type=non_negative_int, default=DEFAULT_WORKERS, metavar="N",
                     help=f"runs this process executes at once, as `flowkernel worker --concurrency N` would "
                          f"(default {DEFAULT_WORKERS}; 0: serve only, separate `flowkernel worker` processes execute)")
@@ -33,29 +35,30 @@ def add_parsers(sub: Any) -> None:
     sp.set_defaults(handler=cmd_serve)
 
 
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False  # a host name: it may resolve to anything
-
-
 def cmd_serve(args: argparse.Namespace) -> int:
     token = os.environ.get("FLOWKERNEL_API_TOKEN") or None
+    try:
+        import anyio
+        import uvicorn
+        from flowkernel.server import ServerConfig, create_app
+        from flowkernel.server.crosssite import cors_origin
+        from flowkernel.server.hosts import allowed_host, is_loopback
+    except ImportError as exc:
+        print(f"flowkernel: serve needs the server extra (pip install 'flowkernel[server]'): {exc}", file=sys.stderr)
+        return EXIT_INVALID
     if not is_loopback(args.host) and token is None:
         print(f"flowkernel: serve --host {args.host}: listening beyond this machine needs a token; set "
               "FLOWKERNEL_API_TOKEN (clients then send `Authorization: Bearer <token>`), or use --host 127.0.0.1",
               file=sys.stderr)
         return EXIT_INVALID
-    try:
-        import anyio
-        import uvicorn
-        from flowkernel.server import ServerConfig, create_app
-    except ImportError as exc:
-        print(f"flowkernel: serve needs the server extra (pip install 'flowkernel[server]'): {exc}", file=sys.stderr)
-        return EXIT_INVALID
+    for option, values, check in (("--allowed-host", args.allowed_host, allowed_host),
+                                  ("--cors-origin", args.cors_origin, cors_origin)):
+        for value in values:
+            try:
+                check(value)
+            except ValueError as exc:
+                print(f"flowkernel: serve {option} {value}: {exc}", file=sys.stderr)
+                return EXIT_INVALID
     from pathlib import Path
 
     from flowkernel.api import Kernel
@@ -84,7 +87,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
             services["fixtures"] = args.fixtures
         worker_store = store if store.location == "memory" else open_store(args.db)
         worker = Worker(Kernel(worker_store, services=services), concurrency=args.workers, grace_s=args.grace_s)
-    config = ServerConfig(token=token, flows=[Path(f) for f in args.flows], cors_origins=list(args.cors_origin))
+    config = ServerConfig(token=token, flows=[Path(f) for f in args.flows], cors_origins=list(args.cors_origin),
+                          allowed_hosts=list(args.allowed_host))
     app = create_app(kernel, config, feed_store=feed_store)
     if worker is not None:
         worker.kernel.on_commit(app.state.feed.nudge)  # followers get this process's commits at once, not at a poll

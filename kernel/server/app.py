@@ -23,7 +23,9 @@ from flowkernel.api import Kernel
 from flowkernel.catalog import FlowCatalog
 from flowkernel.server import agents, execute, flows, problems, runs, stream, webui
 from flowkernel.server.auth import token_check
+from flowkernel.server.crosssite import CrossSiteGuard, cors_origin
 from flowkernel.server.feed import Feed
+from flowkernel.server.hosts import HostCheck, allowed_host
 from flowkernel.server.limits import MAX_BODY_BYTES, BodyLimit
 from flowkernel.server.views import Health, Problem
 
@@ -37,6 +39,7 @@ class ServerConfig:
     token: str | None = None  # FLOWKERNEL_API_TOKEN
     flows: list[Path] = field(default_factory=list)  # --flows folders
     cors_origins: list[str] = field(default_factory=list)  # --cors-origin; none: CORS off
+    allowed_hosts: list[str] = field(default_factory=list)  # --allowed-host, besides the loopback names
     max_body_bytes: int = MAX_BODY_BYTES
     keepalive_s: float = 15.0  # SSE comment lines while a run is quiet
     poll_s: float | None = None  # how often the feed looks for commits (None: by store kind)
@@ -96,12 +99,20 @@ def create_app(kernel: Kernel, config: ServerConfig | None = None, *, feed_store
     guarded.include_router(flows.router)
     app.include_router(guarded)
 
-    # Outermost first: the body limit applies before anything reads a body.
-    if config.cors_origins:
-        app.add_middleware(CORSMiddleware, allow_origins=config.cors_origins, allow_credentials=False,
+    # Each middleware added wraps the ones before it: the Host check comes first, then the body
+    # limit (before anything reads a body), CORS (so a listed origin can read a refusal), and the
+    # cross-site guard of state-changing requests.
+    origins = [cors_origin(o) for o in config.cors_origins]
+    app.add_middleware(CrossSiteGuard, prefix=PREFIX, origins=origins)
+    if origins:
+        app.add_middleware(CORSMiddleware, allow_origins=origins, allow_credentials=False,
                            allow_methods=["GET", "POST"], allow_headers=["Authorization", "Content-Type",
                                                                          "Last-Event-ID"],
                            expose_headers=["Location"])
     app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
+    # Without a token, only the server's own names are answered (DNS rebinding); with one, the token
+    # protects, and the names are checked only if the operator named some.
+    if config.token is None or config.allowed_hosts:
+        app.add_middleware(HostCheck, allowed=[allowed_host(h) for h in config.allowed_hosts])
     webui.mount(app)
     return app

@@ -105,11 +105,11 @@ class Feed:
                 for body in batch:
                     yield body
 
-    async def batches(self, run_id: str, after: int, *,
-                      keepalive_s: float) -> AsyncGenerator[list[bytes] | None, None]:
+    async def batches(self, run_id: str, after: int, *, keepalive_s: float,
+                      until: int | None = None) -> AsyncGenerator[list[bytes] | None, None]:
         """``events``, a batch at a time: what was committed together (or a page of history) comes
         in one list, so a stream sends it in one write, however many clients the run has; the last
-        batch ends with ``flow:complete``."""
+        batch ends with ``flow:complete``, or with event ``until`` if that comes first."""
         run = self._runs.get(run_id)
         if run is None:
             head = (await anyio.to_thread.run_sync(self.store.last_seqs, [run_id])).get(run_id, 0)
@@ -125,12 +125,17 @@ class Feed:
                 else:
                     batch = run.since(seq)
                 if batch:
+                    ends = until is not None and seq + len(batch) >= until
+                    if until is not None and ends:
+                        batch = batch[:until - seq]  # the last event the client asked for
                     last = next((i for i, body in enumerate(batch) if body.startswith(END)), None)
                     if last is not None:
                         yield batch[:last + 1]
                         return
                     seq += len(batch)
                     yield batch
+                    if ends:
+                        return
                     continue
                 waiting = run.changed
                 with anyio.move_on_after(keepalive_s) as idle:

@@ -29,9 +29,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 MEDIA_TYPE = "application/problem+json"
 log = logging.getLogger("flowkernel.server")
 
-_TITLES = {400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 405: "Method Not Allowed",
-           409: "Conflict", 413: "Content Too Large", 415: "Unsupported Media Type", 422: "Unprocessable Content",
-           500: "Internal Server Error", 503: "Service Unavailable"}
+_TITLES = {400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found", 405: "Method Not Allowed",
+           409: "Conflict", 413: "Content Too Large", 415: "Unsupported Media Type", 421: "Misdirected Request",
+           422: "Unprocessable Content", 500: "Internal Server Error", 503: "Service Unavailable"}
 
 
 class ApiProblem(Exception):

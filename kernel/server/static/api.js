@@ -65,8 +65,10 @@ async function send(path, { method = "GET", query = null, body = undefined, sign
   for (;;) {
     const sentWith = token;
     const init = { method, signal, headers: headers(accept ? { Accept: accept } : {}) };
-    if (body !== undefined) {
-      init.body = JSON.stringify(body);
+    // The server takes a request that changes state only as JSON (an empty one as {}): what a page
+    // of another site cannot send without asking the server first.
+    if (body !== undefined || (method !== "GET" && method !== "HEAD")) {
+      init.body = JSON.stringify(body === undefined ? {} : body);
       init.headers["Content-Type"] = "application/json";
     }
     let response;
@@ -123,7 +125,8 @@ export function forgetToken() {
  * Follow a run's event stream (Server-Sent Events from the durable log). fetch() rather than
  * EventSource: EventSource cannot send the Authorization header. On a dropped connection it
  * reconnects after the last seq it saw, so no event is missed or repeated; it stops after
- * flow:complete or when signal aborts.
+ * flow:complete, when the server says nothing more will come (204: a completed or aborted run with
+ * no event after `after`), or when signal aborts.
  *
  * onEvent(event) gets each event; onState("open" | "reconnecting" | "closed" | "error", detail).
  */
@@ -134,6 +137,10 @@ export async function followStream(runId, { after = 0, signal, onEvent, onState 
     try {
       const response = await send(`/runs/${encodeURIComponent(runId)}/stream`,
         { query: { after: last }, signal, accept: "text/event-stream" });
+      if (response.status === 204) {
+        onState("closed");
+        return;
+      }
       onState("open");
       delay = 500;
       const ended = await readFrames(response.body, signal, (frame) => {
