@@ -80,14 +80,14 @@ def cmd_resume(args: argparse.Namespace) -> int:
         flow = kernel.flow_for_run(args.run, args.flow) if args.flow else None
         snap = run_async(kernel.resume, args.run, args.message, budget=args.budget, flow=flow,
                          on_event=printer(args, lambda until: kernel.stored_events(args.run, until)))
-        return exit_for(snap, args.run, args)
+        return exit_for(snap, args.run, args, kernel)
 
 
 def cmd_retry(args: argparse.Namespace) -> int:
     with opened(args) as kernel:
         flow = kernel.flow_for_run(args.run, args.flow) if args.flow else None
         snap = run_async(kernel.retry, args.run, flow=flow, on_event=printer(args, lambda until: kernel.stored_events(args.run, until)))
-        return exit_for(snap, args.run, args)
+        return exit_for(snap, args.run, args, kernel)
 
 
 def _command(args: argparse.Namespace, kind: str) -> int:
@@ -107,7 +107,7 @@ def _command(args: argparse.Namespace, kind: str) -> int:
             if snap is None and kernel.store.get_run(args.run).pooled:
                 print(f"flowkernel: run {args.run} is the workers' (`flowkernel worker`): one continues it",
                       file=sys.stderr)
-            return EXIT_OK if snap is None else exit_for(snap, args.run, args)
+            return EXIT_OK if snap is None else exit_for(snap, args.run, args, kernel)
         run_async(kernel.command, args.run, cmd)
         accepted(None)
         return EXIT_OK

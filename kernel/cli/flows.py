@@ -112,5 +112,5 @@ def cmd_run(args: argparse.Namespace) -> int:
     args.run = new_run_id()  # known before it starts, for the message a Ctrl-C prints
     with opened(args, create=True) as kernel:
         snap = run_async(kernel.run, flow, value, on_event=printer(args), run_id=args.run)
-        return exit_for(snap, snap.runId, args)
+        return exit_for(snap, snap.runId, args, kernel)
 

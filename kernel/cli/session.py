@@ -112,8 +112,10 @@ def stdout_closed() -> None:
     os.dup2(devnull, sys.stdout.fileno())
 
 
-def exit_for(snap: RunSnapshot, run_id: str, args: argparse.Namespace) -> int:
-    """The exit code for a run that stopped, with the command that continues it (copy it as printed)."""
+def exit_for(snap: RunSnapshot, run_id: str, args: argparse.Namespace, kernel: Kernel | None = None) -> int:
+    """The exit code for a run that stopped, with the command that continues it (copy it as printed).
+    ``kernel`` (the run's) tells a failed node, which ``retry`` re-runs, from a failed flow, which only
+    ``retry --flow`` continues."""
     again = store_option(args)
     if snap.status == "completed":
         return EXIT_OK
@@ -131,9 +133,24 @@ def exit_for(snap: RunSnapshot, run_id: str, args: argparse.Namespace) -> int:
             print(f"flowkernel: paused; continue with: flowkernel resume {run_id}{again}", file=sys.stderr)
         return EXIT_STOPPED
     if snap.status == "failed":
-        print(f"flowkernel: run {run_id} failed: {snap.error}; re-run its failed nodes with: "
-              f"flowkernel retry {run_id}{again}", file=sys.stderr)
+        print(f"flowkernel: run {run_id} failed: {snap.error}; {_retry_hint(snap, run_id, again, kernel)}",
+              file=sys.stderr)
     return EXIT_FAILED
+
+
+def _retry_hint(snap: RunSnapshot, run_id: str, again: str, kernel: Kernel | None) -> str:
+    """What continues a failed run: ``retry`` when a node failed; when the flow itself did (an edge's
+    ``when``, a binding), a plain retry fails the same way, and the flow file, fixed, is what to give."""
+    from flowkernel.commands import retry_restarts_a_failure
+
+    if kernel is None or retry_restarts_a_failure(kernel.flow_of(run_id), snap):
+        return f"re-run its failed nodes with: flowkernel retry {run_id}{again}"
+    import shlex
+
+    source = kernel.store.get_run(run_id).flowSource
+    fixed = shlex.quote(source) if source else "FIXED.json"
+    return (f"a retry on this flow fails the same way: fix the flow file, then continue with: "
+            f"flowkernel retry {run_id} --flow {fixed}{again}")
 
 
 def store_option(args: argparse.Namespace) -> str:
