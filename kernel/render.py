@@ -45,6 +45,11 @@ from flowkernel.store.base import RunRecord
 from flowkernel.summaries import RunSummary
 
 
+def plural(count: int, noun: str, nouns: str | None = None) -> str:
+    """``1 edge``, ``2 edges`` (``nouns`` for a plural that is not the noun plus s)."""
+    return f"{count} {noun if count == 1 else nouns or noun + 's'}"
+
+
 def cost_line(run: RunSummary) -> str:
     """``$0.0123  1,204 in / 310 out tokens (cache: 0 written, 800 read)``."""
     u = run.usage
@@ -388,7 +393,7 @@ class LiveView:
         self._line(self._c("33", "…"), self._who(ev, run), f"waiting: {preview(ev.prompt, 70)}")
 
     def _edge_fire(self, ev: EdgeFire, run: str) -> None:
-        extra = f" with {len(ev.items)} items" if ev.items is not None else ""
+        extra = f" with {plural(len(ev.items), 'item')}" if ev.items is not None else ""
         self._line(self._c("2", "→"), f"{ev.from_} → {ev.to}", f"fired{extra}")
 
     def _edge_skip(self, ev: EdgeSkip, run: str) -> None:
@@ -398,7 +403,7 @@ class LiveView:
         self._line(self._c("35", "↻"), ev.edgeId, f"loop iteration {ev.iteration}")
 
     def _loop_exhausted(self, ev: LoopExhausted, run: str) -> None:
-        self._line(self._c("35", "↻"), ev.edgeId, f"loop exhausted after {ev.iteration} iterations")
+        self._line(self._c("35", "↻"), ev.edgeId, f"loop exhausted after {plural(ev.iteration, 'iteration')}")
 
     def _state_patch(self, ev: StatePatch, run: str) -> None:
         self._line(self._c("2", "≡"), f"state.{ev.path}", f"{ev.op} {preview(ev.value, 50)}")
@@ -437,7 +442,7 @@ class LiveView:
             u = {} if ev.usage is None else ev.usage
             tokens_in, tokens_out = u.get("inputTokens", 0), u.get("outputTokens", 0)
             cost = 0 if ev.totalCostUsd is None else ev.totalCostUsd
-        self._line(self._c("34", "◆"), self._who(ev, run), f"agent done: {calls} model call{'s' if calls != 1 else ''}, "
+        self._line(self._c("34", "◆"), self._who(ev, run), f"agent done: {plural(calls, 'model call')}, "
                                                           f"{int(tokens_in)} in / {int(tokens_out)} out tokens, ${cost:.4f}")
 
     def _command(self, ev: CommandReceived, run: str) -> None:
@@ -551,7 +556,7 @@ def show_snapshot(record: RunRecord, snap: RunSnapshot, out: TextIO, summary: Ru
     if snap.loopCounters:
         out.write("\nloops\n")
         for e, count in snap.loopCounters.items():
-            out.write(f"  {e}: {count} iterations\n")
+            out.write(f"  {e}: {plural(count, 'iteration')}\n")
     if snap.inbox:
         out.write("\ninbox\n")
         for run_id, msgs in snap.inbox.items():

@@ -32,7 +32,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from flowkernel.validated import check_flow_file
 
     flow = check_flow_file(args.flow, default_registry())
-    print(f"{args.flow}: ok — flow {flow.name!r}, {flow.nodes} nodes, {flow.edges} edges")
+    from flowkernel.render import plural
+
+    print(f"{args.flow}: ok — flow {flow.name!r}, {plural(flow.nodes, 'node')}, {plural(flow.edges, 'edge')}")
     return EXIT_OK
 
 

@@ -199,6 +199,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
             snap = fold(flow, [ev], snap, flows=flows)
         matches = snap == stored
         note = "matches the stored snapshot" if matches else "DIFFERS from the stored snapshot"
-        print(f"flowkernel: replayed {len(events)} events; rebuilt snapshot {note}", file=sys.stderr)
+        from flowkernel.render import plural
+
+        print(f"flowkernel: replayed {plural(len(events), 'event')}; rebuilt snapshot {note}", file=sys.stderr)
         return EXIT_OK if matches else EXIT_FAILED
 
