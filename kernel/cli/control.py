@@ -46,7 +46,9 @@ def add_parsers(sub: Any) -> None:
                                     ("reply", "answer a node run that waits for a reply", cmd_reply)):
         sp = sub.add_parser(name, help=helptext)
         sp.add_argument("run")
-        sp.add_argument("--to", metavar="NODE_RUN_ID", help="the node run (nr_…) it is for")
+        sp.add_argument("--to", metavar="NODE_RUN_ID|NODE",
+                        help="the node run (nr_…) it is for, or a node id when exactly one node run of that node "
+                             "can take it" + (" (the one waiting)" if name == "reply" else ""))
         sp.add_argument("text")
         sp.add_argument("--fixtures", metavar="DIR")
         add_db(sp)
