@@ -22,6 +22,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from flowkernel.api import Kernel
 from flowkernel.catalog import FlowCatalog
 from flowkernel.server import agents, execute, flows, problems, runs, stream, webui
+from flowkernel.server.access import AccessLog
 from flowkernel.server.auth import token_check
 from flowkernel.server.feed import Feed
 from flowkernel.server.limits import MAX_BODY_BYTES, BodyLimit
@@ -96,12 +97,13 @@ def create_app(kernel: Kernel, config: ServerConfig | None = None, *, feed_store
     guarded.include_router(flows.router)
     app.include_router(guarded)
 
-    # Outermost first: the body limit applies before anything reads a body.
+    # Each added middleware wraps those before it: the body limit applies before anything reads a body.
     if config.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=config.cors_origins, allow_credentials=False,
                            allow_methods=["GET", "POST"], allow_headers=["Authorization", "Content-Type",
                                                                          "Last-Event-ID"],
                            expose_headers=["Location"])
     app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
+    app.add_middleware(AccessLog)  # outermost: every request is logged, those refused early too
     webui.mount(app)
     return app
