@@ -171,7 +171,7 @@ class _Tally:
             if ok:
                 self.sent += count
                 back, self.failing = self.failing, False
-                if error is None and back and not self.exiting:
+                if back and not self.exiting:
                     log.info("exporting spans to %s again", self.endpoint)
                 return
             if error is not None:

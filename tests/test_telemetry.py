@@ -419,3 +419,24 @@ def test_an_unreachable_endpoint_costs_one_line_and_at_most_a_second_at_exit(cle
                      r"\(Connection refused\) in the 0\.6 s allowed at exit: dropped$", lines[0]), err
     # A generous bound (the machine may be busy); the exporter's own retries would take seconds.
     assert delay < plain + 1.0, (delay, plain)
+
+
+def test_exports_failing_while_a_process_works_are_logged_once_until_one_succeeds(
+        caplog: pytest.LogCaptureFixture) -> None:
+    from flowkernel.telemetry import _Tally
+
+    tally = _Tally("http://collector/v1/traces")
+    with caplog.at_level("INFO", logger="flowkernel.telemetry"):
+        for _ in range(3):
+            tally.exported(5, False, ConnectionError("[Errno 111] Connection refused"))
+        tally.exported(5, True)
+        tally.exported(5, False, TimeoutError("read timed out"))
+        tally.exiting = True
+        tally.exported(5, False, TimeoutError("read timed out"))  # part of the line at exit instead
+    assert [r.getMessage() for r in caplog.records] == [
+        "cannot export spans to http://collector/v1/traces (Connection refused); retrying in the background, "
+        "and spans still not sent at exit are dropped",
+        "exporting spans to http://collector/v1/traces again",
+        "cannot export spans to http://collector/v1/traces (TimeoutError: read timed out); retrying in the "
+        "background, and spans still not sent at exit are dropped"]
+    assert tally.sent == 5
