@@ -45,9 +45,9 @@ from flowkernel.store.base import RunRecord
 from flowkernel.summaries import RunSummary
 
 
-def plural(count: int, noun: str, nouns: str | None = None) -> str:
-    """``1 edge``, ``2 edges`` (``nouns`` for a plural that is not the noun plus s)."""
-    return f"{count} {noun if count == 1 else nouns or noun + 's'}"
+def plural(count: int, noun: str) -> str:
+    """``1 edge``, ``2 edges``."""
+    return f"{count} {noun if count == 1 else noun + 's'}"
 
 
 def cost_line(run: RunSummary) -> str:
