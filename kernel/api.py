@@ -457,6 +457,19 @@ class Kernel:
                 return out, None
             before = chunk[-1].runNo
 
+    def count_runs(self, *, status: str | None = None, flow: str | None = None, parent: str | None = None,
+                   before: int | None = None) -> int:
+        """How many runs ``run_records`` lists with these filters and no limit (``before``: those after
+        the page that gave this key)."""
+        if status not in ("running", "interrupted"):
+            return self.store.count_runs(status=status, flow=flow, parent=parent, before=before)
+        count, key = 0, before
+        while True:  # told apart by their leases, not in the query (runs that execute are few)
+            records, key = self.run_records(status=status, flow=flow, parent=parent, before=key, limit=1000)
+            count += len(records)
+            if key is None:
+                return count
+
     def messages(self, *, run_id: str | None = None, flow_run_id: str | None = None,
                  session_id: str | None = None, after: int = 0, limit: int = 100, node_id: str | None = None) -> Page:
         """A page of stored agent messages (of a node run, a run or a session); pass

@@ -269,6 +269,20 @@ def judge_command(flow: CompiledFlow, snap: RunSnapshot, cmd: Command, *, execut
     return _accept(cmd)
 
 
+def retry_restarts_a_failure(flow: CompiledFlow, snap: RunSnapshot) -> bool:
+    """Whether ``retry`` of the failed run in ``snap`` starts again something that may succeed now: a
+    failed node (without ``continueOnError``) or forEach item. A binding that failed evaluates the same
+    again, and a run that failed on an edge's ``when`` or ``forEach.in`` (or with no node able to start)
+    has nothing to re-run: only a fixed flow (``retry --flow``) continues those."""
+    for n, st in snap.nodeStatus.items():
+        fault = snap.faults.get(n)
+        node = flow.nodes.get(n)
+        if st == "failed" and (node is None or not node.policy.continueOnError) \
+                and (fault is None or fault.errorType != "binding_error"):
+            return True
+    return any(r is not None and r.error is not msgspec.UNSET for fe in snap.forEach.values() for r in fe.results)
+
+
 def _coerce(content: Any, schema: dict[str, Any]) -> Any:
     """A reply typed on the command line is text: read it as JSON unless the schema wants a string."""
     if isinstance(content, str) and schema.get("type") != "string":

@@ -65,7 +65,10 @@ def _load_yaml(path: Path, text: str) -> Any:
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
-        raise FlowFileError(f"{path}{where}: not valid YAML: {_without_quotes(exc.problem or exc.context)}") from None
+        problem = exc.problem or exc.context
+        if exc.problem and exc.context and exc.problem.startswith("but "):  # one sentence in two halves
+            problem = f"{exc.context}, {exc.problem}"
+        raise FlowFileError(f"{path}{where}: not valid YAML: {_without_quotes(problem)}") from None
     except yaml.YAMLError:
         raise FlowFileError(f"{path}: not valid YAML") from None
     except RecursionError:
@@ -73,8 +76,31 @@ def _load_yaml(path: Path, text: str) -> Any:
 
 
 def _without_quotes(problem: str | None) -> str:
-    # YAML's messages quote the text they choke on; the file's text never goes into an error.
-    return re.sub(r"'[^']*'|\"[^\"]*\"", "…", problem or "malformed")
+    """YAML's message in words: the tokens it names (``'<block end>'``, ``','``) said plainly, and any
+    other text it quotes from the file left out (the file's text never goes into an error: a flow file
+    may hold a secret, and errors are stored in runs' logs)."""
+    return re.sub(r"'[^']*'|\"[^\"]*\"|<[a-z ]+>", _token, problem or "malformed")
+
+
+# What PyYAML calls the tokens its messages name.
+_TOKENS = {
+    "<stream end>": "the end of the file", "<stream start>": "the start of the file",
+    "<block end>": "the end of the indented block", "<block mapping start>": "a new indented mapping",
+    "<block sequence start>": "a new indented list", "<block entry>": "a list item ('-')",
+    "<document start>": "a document start ('---')", "<document end>": "a document end ('...')",
+    "<directive>": "a directive ('%')", "<alias>": "an alias ('*')", "<anchor>": "an anchor ('&')",
+    "<tag>": "a tag ('!')", "<scalar>": "a value", "<key>": "a key", "<value>": "a value (':')",
+}
+
+
+def _token(match: re.Match[str]) -> str:
+    quoted = match.group(0)
+    text = quoted[1:-1] if quoted[0] in "'\"" else quoted
+    if text in _TOKENS:
+        return _TOKENS[text]
+    if len(text) == 1 or (text.startswith("\\") and len(text) <= 6):  # one character ('?', '\\t'): not a secret
+        return f"'{text}'"
+    return "(quoted text left out)"
 
 
 def canonical_json(data: Any) -> str:

@@ -45,6 +45,11 @@ from flowkernel.store.base import RunRecord
 from flowkernel.summaries import RunSummary
 
 
+def plural(count: int, noun: str) -> str:
+    """``1 edge``, ``2 edges``."""
+    return f"{count} {noun if count == 1 else noun + 's'}"
+
+
 def cost_line(run: RunSummary) -> str:
     """``$0.0123  1,204 in / 310 out tokens (cache: 0 written, 800 read)``."""
     u = run.usage
@@ -160,6 +165,9 @@ class LiveView:
         self.t0 = started_ms
         self.wall = wall
         self.counts: Counter[str] = Counter()
+        # Nodes (and forEach items) whose last outcome is a failure: one under continueOnError, a failed
+        # item, a failed node; a later start (retry, loop pass) or completion of the same one clears it.
+        self._failed: set[tuple[str, int | None]] = set()
         self._streaming: str | None = None  # "<node run id> <event type>" of the stream being printed
         self._streamed: set[str] = set()  # streams that printed text as it came
         self._held: dict[str, list[str]] = {}  # stream -> text that came while another one printed
@@ -169,6 +177,11 @@ class LiveView:
         self._calls: Counter[str] = Counter()  # model calls per chain
         self._tokens: dict[str, list[float]] = {}  # chain -> [in, out, cost]
         self._stamp = 0
+        # A fork starts with events copied from the run it forks (seq 2 to ``forkedAt``): they keep their
+        # own times, from before the fork's start, and are timed from the first of them instead.
+        self._copied_until = 0
+        self._copied_t0: int | None = None
+        self._origin: int | None = started_ms  # what the current event is timed from
         self._when_of: tuple[int | None, int | None] = (None, None)  # (stamp, t0) of the time last formatted
         self._when_text = ""
         self._when_shown = ("", "")  # (a time, as a line shows it)
@@ -181,8 +194,11 @@ class LiveView:
         as the run, and the first lines of a resume (its command, ``flow:resumed``) need only the time
         the run started: its first event, read now."""
         for ev in history(1):
+            first = decode(ev) if isinstance(ev, bytes) else ev
             if self.t0 is None:
-                self.t0 = (decode(ev) if isinstance(ev, bytes) else ev).timestamp
+                self.t0 = first.timestamp
+            if type(first) is FlowStart:
+                self._copied_until = first.forkedAt or 0
         self._history = history
 
     def _seed_for(self, ev: BaseEvent) -> None:
@@ -203,7 +219,7 @@ class LiveView:
         for ev in events:
             if isinstance(ev, bytes):
                 counted = _COUNTED.get(ev[:ev.find(b'",')])
-                if counted is not None:
+                if counted is not None and not self._failed:  # a completion may clear a failure
                     self.counts[counted] += 1
                     last = ev
                     continue
@@ -219,11 +235,23 @@ class LiveView:
         if self.t0 is None:
             self.t0 = ev.timestamp
         self._stamp = ev.timestamp or self._stamp
+        self._origin = self.t0
+        if self._copied_until and 1 < ev.seq <= self._copied_until:
+            if self._copied_t0 is None:
+                self._copied_t0 = ev.timestamp
+            self._origin = self._copied_t0
         if cls is NodeComplete:
             self.counts["done"] += 1
+            if self._failed:
+                self._failed.discard((ev.nodeId or "", ev.item))  # type: ignore[attr-defined]
         elif cls is NodeSkipped:
             self.counts["skipped"] += 1
+        elif cls is NodeError:
+            if not ev.willRetry:  # type: ignore[attr-defined]
+                self._failed.add((ev.nodeId or "", ev.item))  # type: ignore[attr-defined]
         elif cls is NodeStart:
+            if self._failed:
+                self._failed.discard((ev.nodeId or "", ev.item))  # type: ignore[attr-defined]
             run = ev.runId
             if run:
                 item = ev.item  # type: ignore[attr-defined]
@@ -239,20 +267,23 @@ class LiveView:
             tally[0] += usage.get("inputTokens", 0)
             tally[1] += usage.get("outputTokens", 0)
             tally[2] += ev.costUsd  # type: ignore[attr-defined]
+        elif cls is FlowStart:
+            self._copied_until = ev.forkedAt or 0  # type: ignore[attr-defined]
 
     def _c(self, code: str, text: str) -> str:
         return f"\x1b[{code}m{text}\x1b[0m" if self.color else text
 
     def _when(self) -> str:
         # Most lines share their millisecond with the line before: the time is formatted once for them.
-        if self._stamp == self._when_of[0] and self.t0 == self._when_of[1]:
+        origin = self._origin
+        if self._stamp == self._when_of[0] and origin == self._when_of[1]:
             return self._when_text
         if self.wall:
             seconds, ms = divmod(self._stamp, 1000)
             text = time.strftime("%H:%M:%S", time.localtime(seconds)) + f".{ms:03d}"
         else:
-            text = f"{(self._stamp - (self.t0 or self._stamp)) / 1000:7.2f}s"
-        self._when_of, self._when_text = (self._stamp, self.t0), text
+            text = f"{(self._stamp - (origin or self._stamp)) / 1000:7.2f}s"
+        self._when_of, self._when_text = (self._stamp, origin), text
         return text
 
     def _line(self, mark: str, who: str, what: str) -> None:
@@ -334,7 +365,13 @@ class LiveView:
     # One method per event type, each reading the struct's fields as they are.
 
     def _flow_start(self, ev: FlowStart, run: str) -> None:
-        self._line(self._c("1", "▶"), ev.flowName, f"run {ev.flowRunId}  input {preview(ev.input, 50)}")
+        fork = ""
+        if ev.forkedFrom:
+            fork = f"  fork of {ev.forkedFrom} at seq {ev.forkedAt}"
+            if ev.forkedAt is not None and ev.forkedAt > 1:  # the lines up to there are that run's
+                copied = "event 2" if ev.forkedAt == 2 else f"events 2 to {ev.forkedAt}"
+                fork += f" ({copied} copied, timed from that run's start)"
+        self._line(self._c("1", "▶"), ev.flowName, f"run {ev.flowRunId}  input {preview(ev.input, 50)}{fork}")
 
     def _node_start(self, ev: NodeStart, run: str) -> None:
         attempt = f" (attempt {ev.attempt})" if ev.attempt is not None and ev.attempt > 1 else ""
@@ -356,7 +393,7 @@ class LiveView:
         self._line(self._c("33", "…"), self._who(ev, run), f"waiting: {preview(ev.prompt, 70)}")
 
     def _edge_fire(self, ev: EdgeFire, run: str) -> None:
-        extra = f" with {len(ev.items)} items" if ev.items is not None else ""
+        extra = f" with {plural(len(ev.items), 'item')}" if ev.items is not None else ""
         self._line(self._c("2", "→"), f"{ev.from_} → {ev.to}", f"fired{extra}")
 
     def _edge_skip(self, ev: EdgeSkip, run: str) -> None:
@@ -366,7 +403,7 @@ class LiveView:
         self._line(self._c("35", "↻"), ev.edgeId, f"loop iteration {ev.iteration}")
 
     def _loop_exhausted(self, ev: LoopExhausted, run: str) -> None:
-        self._line(self._c("35", "↻"), ev.edgeId, f"loop exhausted after {ev.iteration} iterations")
+        self._line(self._c("35", "↻"), ev.edgeId, f"loop exhausted after {plural(ev.iteration, 'iteration')}")
 
     def _state_patch(self, ev: StatePatch, run: str) -> None:
         self._line(self._c("2", "≡"), f"state.{ev.path}", f"{ev.op} {preview(ev.value, 50)}")
@@ -405,7 +442,7 @@ class LiveView:
             u = {} if ev.usage is None else ev.usage
             tokens_in, tokens_out = u.get("inputTokens", 0), u.get("outputTokens", 0)
             cost = 0 if ev.totalCostUsd is None else ev.totalCostUsd
-        self._line(self._c("34", "◆"), self._who(ev, run), f"agent done: {calls} model call{'s' if calls != 1 else ''}, "
+        self._line(self._c("34", "◆"), self._who(ev, run), f"agent done: {plural(calls, 'model call')}, "
                                                           f"{int(tokens_in)} in / {int(tokens_out)} out tokens, ${cost:.4f}")
 
     def _command(self, ev: CommandReceived, run: str) -> None:
@@ -440,7 +477,8 @@ class LiveView:
         code = "32" if status == "completed" else "31"
         err = f": {ev.error}" if ev.error else ""
         # Counted over the whole run, the stored history of a resumed run included (``seed``).
-        self._line(self._c(code, "■"), status, f"{self.counts['done']} done, {self.counts['skipped']} skipped{err}")
+        failed = f", {len(self._failed)} failed" if self._failed else ""
+        self._line(self._c(code, "■"), status, f"{self.counts['done']} done{failed}, {self.counts['skipped']} skipped{err}")
 
 
 # How each event type is shown (types not here print nothing: agent:usage, inbox:consumed).
@@ -518,7 +556,7 @@ def show_snapshot(record: RunRecord, snap: RunSnapshot, out: TextIO, summary: Ru
     if snap.loopCounters:
         out.write("\nloops\n")
         for e, count in snap.loopCounters.items():
-            out.write(f"  {e}: {count} iterations\n")
+            out.write(f"  {e}: {plural(count, 'iteration')}\n")
     if snap.inbox:
         out.write("\ninbox\n")
         for run_id, msgs in snap.inbox.items():

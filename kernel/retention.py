@@ -106,7 +106,9 @@ def prune(store: Store, *, older_than_ms: int, statuses: Sequence[str] = STOPPED
             for skeleton in skeletons:
                 candidates.update(packed_blobs(skeleton, sql.read_blobs))
         if progress is not None and time.monotonic() - started >= progress_after_s:
-            progress(f"prune: {report.runs} runs ({report.childRuns} child runs, {report.events} events) "
+            counts = [f"{n} {noun}{'s' * (n != 1)}" for n, noun in
+                      ((report.runs, "run"), (report.childRuns, "child run"), (report.events, "event"))]
+            progress(f"prune: {counts[0]} ({counts[1]}, {counts[2]}) "
                      f"{'found' if dry_run else 'deleted'} so far")
     if candidates:
         unused = candidates - _blobs_in_use(sql, candidates)

@@ -322,8 +322,10 @@ def _start(flow: CompiledFlow, snap: RunSnapshot, node: CompiledNode, ctx: _Cont
            decision: Decision) -> int:
     """Start a ready node (or skip it); returns the concurrency slots taken."""
     n = node.id
-    attempt = snap.attempts.get(n, 0) + 1
     resumed = snap.resumedFrom.get(n)
+    # A node run that continues one a pause, a crash or a hand-over interrupted goes on with its attempt:
+    # no attempt failed. (A retry of a failed node has its attempts cleared: it starts at 1.)
+    attempt = snap.attempts[n] if resumed is not None and n in snap.attempts else snap.attempts.get(n, 0) + 1
     fe = snap.forEach.get(n)
     if fe is not None:
         # The group run: its items start as separate node runs, within capacity.

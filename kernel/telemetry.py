@@ -10,15 +10,22 @@ embedding program's provider only if that program imported ``opentelemetry.trace
 
 A run's trace context (W3C ``traceparent`` of its first execution's span) is stored with the run, so
 an execution after a pause, a human wait, a crash or in another process continues the same trace.
-Telemetry never affects a run: every failure in it is swallowed (reported once on stderr), and spans
-are handed to the provider's processors, which export in the background.
+Telemetry never affects a run: every failure in it is swallowed (logged once on ``flowkernel.telemetry``),
+and spans are handed to the provider's processors, which export in the background.
+
+The OTLP exporter flowkernel makes for itself is kept quiet and bounded: its own retry messages are
+not logged; an export that fails while the process works is logged once (until one succeeds again);
+and at exit what is left is sent for at most ``FLUSH_AT_EXIT_MS``, after which the spans not sent are
+dropped, with one line saying how many.
 """
 
 from __future__ import annotations
 
 import atexit
 import json
+import logging
 import os
+import re
 import sys
 import threading
 from collections.abc import Iterator, Mapping
@@ -31,7 +38,9 @@ if TYPE_CHECKING:
 
 CAPTURE_CONTENT_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
 SCOPE = "flowkernel"
-FLUSH_AT_EXIT_MS = 2000  # the most a failing OTLP endpoint may hold up the exit of a process
+FLUSH_AT_EXIT_MS = 600  # the most exporting may hold up the exit of a process once its work is done
+
+log = logging.getLogger("flowkernel.telemetry")
 
 
 class _NullSpan:
@@ -72,7 +81,7 @@ _own_provider: list[Any] = []  # the OTLP provider flowkernel made for this proc
 def _warn(key: str, message: str) -> None:
     if key not in _warned:
         _warned.add(key)
-        print(f"flowkernel: telemetry: {message}", file=sys.stderr)
+        log.warning(message)
 
 
 def capture_content() -> bool:
@@ -119,24 +128,134 @@ def _otlp_provider() -> Any | None:
     attributes = {} if os.environ.get("OTEL_SERVICE_NAME") else {"service.name": "flowkernel"}
     # Not shut down at exit by the SDK (that waits on the exporter); flushed for a bounded time instead.
     provider = TracerProvider(resource=Resource.create(attributes), shutdown_on_exit=False)
-    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
-    atexit.register(_flush, provider)
+    exporter = OTLPSpanExporter()
+    tally = _Tally(_endpoint_shown())
+    # The exporter logs each retry (a multi-line message each): what went wrong goes into our one line.
+    logging.getLogger(type(exporter).__module__).addFilter(tally.note)
+    counting, ended = _counted(exporter, tally)
+    provider.add_span_processor(ended)
+    provider.add_span_processor(BatchSpanProcessor(counting))
+    atexit.register(_flush, provider, tally)
     _own_provider.append(provider)
     return provider
 
 
-def _flush(provider: Any) -> None:
+def _endpoint_shown() -> str:
+    """Where spans go, as a line may show it: no user name, password or query."""
+    traces = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+    url = traces or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").rstrip("/") + "/v1/traces"
+    return re.sub(r"(://)[^/@]*@", r"\1", url).split("?", 1)[0]
+
+
+class _Tally:
+    """What the process's own exporter did: spans ended and sent, and why an export failed. Updated by
+    the exporter's thread, read at exit."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.endpoint = endpoint
+        self.ended = 0
+        self.sent = 0
+        self.reason = ""
+        self.exiting = False
+        self.failing = False  # said so since the last export that worked
+        self.lock = threading.Lock()
+
+    def note(self, record: logging.LogRecord) -> bool:
+        """A logging filter on the exporter's logger: keeps what went wrong, lets nothing through."""
+        with self.lock:
+            self.reason = _reason(record)
+        return False
+
+    def exported(self, count: int, ok: bool, error: BaseException | None = None) -> None:
+        with self.lock:
+            if ok:
+                self.sent += count
+                back, self.failing = self.failing, False
+                if back and not self.exiting:
+                    log.info("exporting spans to %s again", self.endpoint)
+                return
+            if error is not None:
+                self.reason = _short(f"{type(error).__name__}: {error}")
+            if self.failing or self.exiting:
+                return
+            self.failing = True
+        log.warning("cannot export spans to %s (%s); retrying in the background, and spans still not sent "
+                    "at exit are dropped", self.endpoint, self.reason or "no reason given")
+
+    def dropped(self) -> int:
+        with self.lock:
+            return max(0, self.ended - self.sent)
+
+
+def _counted(exporter: Any, tally: _Tally) -> tuple[Any, Any]:
+    """``exporter`` telling ``tally`` what it sent (and never raising), and a span processor that
+    counts the spans that end (each one the exporter is handed, or drops)."""
+    from opentelemetry.sdk.trace import SpanProcessor
+    from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+    class Counting(SpanExporter):
+        def export(self, spans: Any) -> SpanExportResult:
+            try:
+                result = exporter.export(spans)
+            except Exception as exc:
+                tally.exported(len(spans), False, exc)
+                return SpanExportResult.FAILURE
+            tally.exported(len(spans), result == SpanExportResult.SUCCESS)
+            return result  # type: ignore[no-any-return]
+
+        def shutdown(self) -> None:
+            exporter.shutdown()
+
+        def force_flush(self, timeout_millis: int = 30000) -> bool:
+            return bool(exporter.force_flush(timeout_millis))
+
+    class Ended(SpanProcessor):
+        def on_end(self, span: Any) -> None:
+            with tally.lock:
+                tally.ended += 1
+
+    return Counting(), Ended()
+
+
+def _reason(record: logging.LogRecord) -> str:
+    """The failure a record of the exporter is about, short: ``Connection refused``, ``code 404``."""
+    args = record.args if isinstance(record.args, tuple) else ()
+    for arg in args:
+        if isinstance(arg, BaseException):
+            return _short(str(arg))
+    return _short(record.getMessage())
+
+
+def _short(text: str) -> str:
+    errno = re.search(r"\[Errno -?\d+\] ([^'\")\]]+)", text)
+    if errno:
+        return errno.group(1).strip()
+    text = " ".join(text.split())
+    return text if len(text) <= 120 else text[:119] + "…"
+
+
+def _flush(provider: Any, tally: _Tally | None = None) -> None:
+    """At exit: send what is left, for ``FLUSH_AT_EXIT_MS`` at most, then say what was dropped."""
+    if tally is not None:
+        tally.exiting = True  # a failure now is part of the line below, not a line of its own
+
     # force_flush exports in the calling thread and waits out the exporter's retries whatever timeout
     # it is given: flush in a daemon thread, and leave when FLUSH_AT_EXIT_MS is up.
     def flush() -> None:
         try:
             provider.force_flush(timeout_millis=FLUSH_AT_EXIT_MS)
         except Exception:
-            pass  # the run is long done; nothing to tell anyone at exit
+            pass  # counted below as spans not sent
 
     worker = threading.Thread(target=flush, name="flowkernel-otel-flush", daemon=True)
     worker.start()
     worker.join(FLUSH_AT_EXIT_MS / 1000)
+    dropped = tally.dropped() if tally is not None else 0
+    if tally is not None and dropped:
+        with tally.lock:
+            why = tally.reason or "no answer in time"
+        log.warning("%d span%s not sent to %s (%s) in the %g s allowed at exit: dropped", dropped,
+                    "" if dropped == 1 else "s", tally.endpoint, why, FLUSH_AT_EXIT_MS / 1000)
 
 
 @contextmanager

@@ -19,13 +19,18 @@ Wake-ups: on PostgreSQL, ``LISTEN/NOTIFY`` (a queued run, a handed-over run, a c
 slow poll as fallback; elsewhere, a poll every ``poll_s``. Dead workers on this host are noticed on
 every poll (their pid is gone) and their runs are taken over at once; elsewhere a run is taken over
 when its lease expires.
+
+What a worker does is logged on ``flowkernel.worker``, one line per event: each run claimed (queued, or
+recovered from an executor that is gone), how each run it executed ended here (completed, failed,
+aborted, paused, waiting, handed over), and what goes wrong (a lost lease, a store it cannot reach).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
-import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -36,6 +41,7 @@ from flowkernel.api import Kernel, owner_dead
 from flowkernel.errors import FlowkernelError, LeaseLostError
 from flowkernel.ids import now_ms
 from flowkernel.runner import RunExecution
+from flowkernel.snapshot import RunSnapshot
 from flowkernel.store.base import Claim, WorkerRecord
 from flowkernel.worker_defaults import DEFAULT_CONCURRENCY, DEFAULT_GRACE_S
 
@@ -48,6 +54,8 @@ FALLBACK_POLL_S = 0.25  # with LISTEN/NOTIFY: the poll that catches dead workers
 # next claim waits: FIRST_BACKOFF_S, doubled with each such fault in a row, at most MAX_BACKOFF_S.
 FIRST_BACKOFF_S = 0.1
 MAX_BACKOFF_S = 5.0
+
+log = logging.getLogger("flowkernel.worker")
 
 
 def live_workers(kernel: Kernel, now: int | None = None) -> list[WorkerRecord]:
@@ -62,15 +70,13 @@ class Worker:
     """Claims runs for ``kernel`` and executes them, up to ``concurrency`` at once, until stopped."""
 
     def __init__(self, kernel: Kernel, *, concurrency: int = DEFAULT_CONCURRENCY,
-                 grace_s: float = DEFAULT_GRACE_S, poll_s: float | None = None,
-                 log: Callable[[str], None] | None = None) -> None:
+                 grace_s: float = DEFAULT_GRACE_S, poll_s: float | None = None) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
         self.kernel = kernel
         self.concurrency = concurrency
         self.grace_s = grace_s
         self._poll_s = poll_s
-        self._log = log or _stderr
         self._claimed: dict[str, Claim] = {}  # run id -> the claim being executed
         self._wake = anyio.Event()
         self._stopping = False
@@ -153,7 +159,7 @@ class Worker:
                     claims = self.kernel.store.claim_runs(self.id, now_ms(), self.kernel.lease_ttl_ms, free,
                                                           dead=self._dead_owners())
                 except FlowkernelError as exc:
-                    self._log(f"flowkernel worker: cannot claim runs: {exc}")
+                    log.warning("cannot claim runs: %s", exc)
                     self._faults += 1
                     continue
                 if not claims:
@@ -187,18 +193,25 @@ class Worker:
 
     async def _execute(self, claim: Claim) -> None:
         kernel = self.kernel
+        run_id = claim.runId
+        if claim.status == "queued":
+            log.info("claimed %s (queued)", run_id)
+        else:
+            log.info("claimed %s to recover it: the process that executed it is gone", run_id)
+        began = time.monotonic()
         try:
-            await kernel.recover(claim.runId, claim.lease, on_execution=self._watch)
+            snap = await kernel.recover(run_id, claim.lease, on_execution=self._watch)
+            _ended(snap, time.monotonic() - began, stopping=self._stopping)
         except LeaseLostError as exc:
-            self._log(f"flowkernel worker: {exc}")
+            log.warning("%s: %s", run_id, exc)
         except FlowkernelError as exc:
             # Recorded in the run (it ended failed, saying why) or not (the store is unreachable): either
             # way the next claim waits a little, longer with each such run in a row.
             self._faults += 1
-            self._log(f"flowkernel worker: run {claim.runId}: {exc}")
+            log.error("%s", exc if run_id in str(exc) else f"{run_id}: {exc}")
         except Exception as exc:  # a bug in a node type or the kernel must not take the worker down
             self._faults += 1
-            self._log(f"flowkernel worker: run {claim.runId} stopped by an unexpected error: {exc!r}")
+            log.error("%s stopped by an unexpected error: %r", run_id, exc)
         finally:
             self._claimed.pop(claim.runId, None)
             self._wake.set()
@@ -227,7 +240,7 @@ class Worker:
                     if gone and not w.runs:
                         store.remove_worker(w.workerId)
             except FlowkernelError as exc:
-                self._log(f"flowkernel worker: heartbeat failed: {exc}")
+                log.warning("heartbeat failed: %s", exc)
 
     async def _listen(self, listener: Any) -> None:
         lost = 0  # failed attempts in a row: said once, retried less and less often, said again when back
@@ -236,12 +249,12 @@ class Worker:
                 got = await anyio.to_thread.run_sync(listener.wait, FALLBACK_POLL_S, abandon_on_cancel=True)
             except FlowkernelError as exc:
                 if not lost:
-                    self._log(f"flowkernel worker: lost the notification connection ({exc}); polling meanwhile")
+                    log.warning("lost the notification connection (%s); polling meanwhile", exc)
                 lost += 1
                 await anyio.sleep(min(MAX_BACKOFF_S, FALLBACK_POLL_S * 2 ** (lost - 1)))
                 continue
             if lost:
-                self._log("flowkernel worker: notification connection back")
+                log.info("notification connection back")
                 lost = 0
             if got:
                 self._wake.set()
@@ -272,5 +285,14 @@ class Worker:
             await self._wake.wait()
 
 
-def _stderr(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
+def _ended(snap: RunSnapshot, seconds: float, *, stopping: bool) -> None:
+    """One line: how the execution of a claimed run ended here."""
+    run_id, status = snap.runId, snap.status
+    if status == "running":  # left for another executor: the worker stopped (or lost interest)
+        log.info("handed %s over after %.2f s%s", run_id, seconds, " (stopping)" if stopping else "")
+    elif status == "failed":
+        log.warning("%s failed after %.2f s: %s", run_id, seconds, snap.error)
+    elif status == "waiting":
+        log.info("%s waits for a reply (after %.2f s); a reply hands it back to the workers", run_id, seconds)
+    else:
+        log.info("%s %s after %.2f s", run_id, status, seconds)

@@ -18,8 +18,8 @@ ROOT = Path(__file__).resolve().parent.parent
 CLI = [sys.executable, "-m", "flowkernel.cli"]
 
 REVIEW_LOOP = [reply(Text("1. Write it. 2. Test it.", deltas=3)), reply(Text("def export_csv(): ...")),
-               reply(Text('{"passed": false}')), reply(Text("def export_csv(rows): ...")),
-               reply(Text('{"passed": true}'))]
+               reply(Text('{"passed": false, "issues": ["no rows"]}')), reply(Text("def export_csv(rows): ...")),
+               reply(Text('{"passed": true, "issues": []}'))]
 
 
 def flowkernel(env: dict[str, str], *args: str, db: Path | None = None) -> subprocess.CompletedProcess[str]:

@@ -328,7 +328,8 @@ def test_prune_works_in_batches_and_reports_progress(tmp_path: Path) -> None:
         report = prune(kernel.store, older_than_ms=0, batch=1, progress=lines.append, progress_after_s=0)
         assert (report.runs, report.dryRun) == (3, False)
         # four events a run: flow:start, node:start, node:complete, flow:complete
-        assert lines == [f"prune: {n} runs (0 child runs, {4 * n} events) deleted so far" for n in (1, 2, 3)]
+        assert lines == [f"prune: {n} run{'s' * (n > 1)} (0 child runs, {4 * n} events) deleted so far"
+                         for n in (1, 2, 3)]
         assert kernel.runs() == []
     finally:
         kernel.close()

@@ -9,9 +9,12 @@ Spans are captured with the SDK's in-memory exporter, and through the real OTLP/
 from __future__ import annotations
 
 import json
+import re
+import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -377,3 +380,63 @@ def test_every_store_keeps_the_first_trace_context_of_a_run(tmp_path: Path, pg_u
         store.set_trace_context("run_x", "00-" + "1" * 32 + "-" + "2" * 16 + "-01")  # a later one is ignored
         assert store.get_trace_context("run_x") == first
         store.close()
+
+
+def _exit_delay(env: dict[str, str], tmp_path: Path, db: str) -> tuple[float, str]:
+    """Run a one-node flow through the console script: seconds from its closing line to the process's
+    exit, and its stderr."""
+    flow = tmp_path / "one.json"
+    flow.write_text(json.dumps({"name": "one", "nodes": [{"id": "a", "type": "noop", "input": {"v": 1}}]}))
+    proc = subprocess.Popen([sys.executable, "-m", "flowkernel", "run", str(flow), "--db", str(tmp_path / db)],
+                            cwd=tmp_path, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    ended = None
+    for line in proc.stdout:
+        if "■ completed" in line:
+            ended = time.monotonic()
+    proc.wait(timeout=60)
+    exited = time.monotonic()
+    err = proc.stderr.read()
+    proc.stderr.close()
+    assert proc.returncode == 0 and ended is not None, err
+    return exited - ended, err
+
+
+def test_an_unreachable_endpoint_costs_one_line_and_at_most_a_second_at_exit(clean_env: dict[str, str],
+                                                                             tmp_path: Path) -> None:
+    env = {k: v for k, v in clean_env.items() if not k.startswith("OTEL_")}
+    with socket.socket() as s:  # a loopback port nothing listens on: connections are refused at once
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    plain, quiet = _exit_delay(env, tmp_path, "plain.db")
+    assert quiet == ""
+    delay, err = _exit_delay({**env, "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}"}, tmp_path,
+                             "traced.db")
+    lines = err.splitlines()
+    assert len(lines) == 1, err  # no retry messages of the exporter's, no traceback
+    # The run's own spans (workflow, node) are what could not be sent.
+    assert re.search(rf"WARNING flowkernel\.telemetry: 2 spans not sent to http://127\.0\.0\.1:{port}/v1/traces "
+                     r"\(Connection refused\) in the 0\.6 s allowed at exit: dropped$", lines[0]), err
+    # A generous bound (the machine may be busy); the exporter's own retries would take seconds.
+    assert delay < plain + 1.0, (delay, plain)
+
+
+def test_exports_failing_while_a_process_works_are_logged_once_until_one_succeeds(
+        caplog: pytest.LogCaptureFixture) -> None:
+    from flowkernel.telemetry import _Tally
+
+    tally = _Tally("http://collector/v1/traces")
+    with caplog.at_level("INFO", logger="flowkernel.telemetry"):
+        for _ in range(3):
+            tally.exported(5, False, ConnectionError("[Errno 111] Connection refused"))
+        tally.exported(5, True)
+        tally.exported(5, False, TimeoutError("read timed out"))
+        tally.exiting = True
+        tally.exported(5, False, TimeoutError("read timed out"))  # part of the line at exit instead
+    assert [r.getMessage() for r in caplog.records] == [
+        "cannot export spans to http://collector/v1/traces (Connection refused); retrying in the background, "
+        "and spans still not sent at exit are dropped",
+        "exporting spans to http://collector/v1/traces again",
+        "cannot export spans to http://collector/v1/traces (TimeoutError: read timed out); retrying in the "
+        "background, and spans still not sent at exit are dropped"]
+    assert tally.sent == 5

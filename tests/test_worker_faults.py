@@ -80,7 +80,10 @@ def test_a_queued_run_whose_plugin_does_not_import_on_the_worker_fails_once_sayi
         while time.monotonic() < end:
             assert worker.poll() is None, log.read_text()
             time.sleep(0.05)
-        reported = [line for line in log.read_text().splitlines() if stranded in line]
+        # Claimed once (the claim is logged), and why it cannot run here said once.
+        lines = [line for line in log.read_text().splitlines() if stranded in line]
+        assert len([line for line in lines if f"claimed {stranded}" in line]) == 1, log.read_text()
+        reported = [line for line in lines if f"claimed {stranded}" not in line]
         assert len(reported) == 1, log.read_text()
         assert "--plugin elsewhere_plugin" in reported[0] and "Traceback" not in log.read_text()
     finally:

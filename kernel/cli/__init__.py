@@ -16,7 +16,16 @@ import sys
 from typing import Any
 
 from flowkernel.cli import control, examples, flows, inspect, record, retention, serve, timetravel, workers
-from flowkernel.cli.session import EXIT_FAILED, EXIT_INVALID, EXIT_OK, EXIT_STOPPED, stdout_closed
+from flowkernel.cli.session import (
+    DEFAULT_LOG_LEVEL,
+    EXIT_FAILED,
+    EXIT_INVALID,
+    EXIT_OK,
+    EXIT_STOPPED,
+    add_log_level,
+    configure_logging,
+    stdout_closed,
+)
 
 __all__ = ["EXIT_FAILED", "EXIT_INVALID", "EXIT_OK", "EXIT_STOPPED", "main"]
 
@@ -40,7 +49,7 @@ class _Version(argparse.Action):
 
 
 # The global options that take a value (given before the command).
-_VALUED = ("--plugin", "--allow-dir")
+_VALUED = ("--plugin", "--allow-dir", "--log-level")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -63,10 +72,13 @@ def _build(command: str | None) -> argparse.ArgumentParser:
     p.add_argument("--allow-dir", action="append", default=[], metavar="DIR",
                    help="a folder flows may read child flows and fixtures from besides their own "
                         "(repeatable; also FLOWKERNEL_ALLOW_DIRS, separated by the OS path separator)")
+    add_log_level(p, default=DEFAULT_LOG_LEVEL)
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     target: Any = sub if command is None else _OnlyCommand(sub, command)
     for group in GROUPS:
         group.add_parsers(target)
+    for command_parser in _commands(p).values():  # after the command too; given there, it wins
+        add_log_level(command_parser, default=argparse.SUPPRESS)
     return p
 
 
@@ -149,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         cli.print_help()
         return EXIT_INVALID
+    configure_logging(args.log_level)
     from flowkernel.errors import FlowkernelError
 
     try:

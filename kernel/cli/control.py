@@ -46,7 +46,9 @@ def add_parsers(sub: Any) -> None:
                                     ("reply", "answer a node run that waits for a reply", cmd_reply)):
         sp = sub.add_parser(name, help=helptext)
         sp.add_argument("run")
-        sp.add_argument("--to", metavar="NODE_RUN_ID", help="the node run (nr_…) it is for")
+        sp.add_argument("--to", metavar="NODE_RUN_ID|NODE",
+                        help="the node run (nr_…) it is for, or a node id when exactly one node run of that node "
+                             "can take it" + (" (the one waiting)" if name == "reply" else ""))
         sp.add_argument("text")
         sp.add_argument("--fixtures", metavar="DIR")
         add_db(sp)
@@ -80,14 +82,14 @@ def cmd_resume(args: argparse.Namespace) -> int:
         flow = kernel.flow_for_run(args.run, args.flow) if args.flow else None
         snap = run_async(kernel.resume, args.run, args.message, budget=args.budget, flow=flow,
                          on_event=printer(args, lambda until: kernel.stored_events(args.run, until)))
-        return exit_for(snap, args.run, args)
+        return exit_for(snap, args.run, args, kernel)
 
 
 def cmd_retry(args: argparse.Namespace) -> int:
     with opened(args) as kernel:
         flow = kernel.flow_for_run(args.run, args.flow) if args.flow else None
         snap = run_async(kernel.retry, args.run, flow=flow, on_event=printer(args, lambda until: kernel.stored_events(args.run, until)))
-        return exit_for(snap, args.run, args)
+        return exit_for(snap, args.run, args, kernel)
 
 
 def _command(args: argparse.Namespace, kind: str) -> int:
@@ -107,7 +109,7 @@ def _command(args: argparse.Namespace, kind: str) -> int:
             if snap is None and kernel.store.get_run(args.run).pooled:
                 print(f"flowkernel: run {args.run} is the workers' (`flowkernel worker`): one continues it",
                       file=sys.stderr)
-            return EXIT_OK if snap is None else exit_for(snap, args.run, args)
+            return EXIT_OK if snap is None else exit_for(snap, args.run, args, kernel)
         run_async(kernel.command, args.run, cmd)
         accepted(None)
         return EXIT_OK

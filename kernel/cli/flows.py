@@ -32,7 +32,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from flowkernel.validated import check_flow_file
 
     flow = check_flow_file(args.flow, default_registry())
-    print(f"{args.flow}: ok — flow {flow.name!r}, {flow.nodes} nodes, {flow.edges} edges")
+    from flowkernel.render import plural
+
+    print(f"{args.flow}: ok — flow {flow.name!r}, {plural(flow.nodes, 'node')}, {plural(flow.edges, 'edge')}")
     return EXIT_OK
 
 
@@ -112,5 +114,5 @@ def cmd_run(args: argparse.Namespace) -> int:
     args.run = new_run_id()  # known before it starts, for the message a Ctrl-C prints
     with opened(args, create=True) as kernel:
         snap = run_async(kernel.run, flow, value, on_event=printer(args), run_id=args.run)
-        return exit_for(snap, snap.runId, args)
+        return exit_for(snap, snap.runId, args, kernel)
 

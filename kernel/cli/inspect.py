@@ -6,6 +6,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING, Any
 
+from flowkernel.cli.arguments import positive_int
 from flowkernel.cli.session import (
     EXIT_FAILED,
     EXIT_OK,
@@ -20,6 +21,8 @@ from flowkernel.cli.session import (
 if TYPE_CHECKING:
     from flowkernel.api import Kernel
 
+RUNS_SHOWN = 50  # `runs` lists this many unless --limit says otherwise
+
 
 def add_parsers(sub: Any) -> None:
     sp = sub.add_parser("runs", help="list runs")
@@ -27,7 +30,9 @@ def add_parsers(sub: Any) -> None:
                                          "failed", "aborted"],
                     help="`interrupted`: running, but no process executes it (killed; `resume` continues it)")
     sp.add_argument("--parent", metavar="RUN", help="only the children of RUN")
-    sp.add_argument("--limit", type=int, default=50)
+    sp.add_argument("--limit", type=positive_int, default=RUNS_SHOWN, metavar="N",
+                    help=f"list the N newest (default {RUNS_SHOWN}); how many more there are, and the command "
+                         "that lists them all, goes to stderr")
     add_db(sp)
     add_json(sp)
     sp.set_defaults(handler=cmd_runs)
@@ -73,7 +78,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
     with opened(args, readonly=True) as kernel:
         # `running` lists the runs a process executes; `interrupted` the others (as the API's ?status=)
-        records, _ = kernel.run_records(status=args.status, parent=args.parent, limit=args.limit)
+        records, key = kernel.run_records(status=args.status, parent=args.parent, limit=args.limit)
         shown = summaries(kernel.store, records, kernel.interrupted)
         # Who executes each run: the owner of its live lease, a worker id as `flowkernel workers` lists it
         # (or a `flowkernel run` process's).
@@ -87,7 +92,23 @@ def cmd_runs(args: argparse.Namespace) -> int:
             from flowkernel.render import show_runs
 
             show_runs(shown, sys.stdout, holders)
+        if key is not None:
+            _more_runs(args, kernel.count_runs(status=args.status, parent=args.parent, before=key))
         return EXIT_OK
+
+
+def _more_runs(args: argparse.Namespace, more: int) -> None:
+    """Say how many runs the list left out, and the command that lists them all (it works as printed)."""
+    import shlex
+
+    from flowkernel.render import plural
+
+    sys.stdout.flush()  # the line comes after the list, wherever both streams go
+    options = "".join(f" --{name} {shlex.quote(value)}" for name, value in
+                      (("status", args.status), ("parent", args.parent)) if value)
+    json_option = " --json" if args.json else ""
+    print(f"flowkernel: … {plural(more, 'more run')} not listed; all of them: flowkernel runs{options} "
+          f"--limit {args.limit + more}{json_option}{store_option(args)}", file=sys.stderr)
 
 
 def _show_history(kernel: Kernel, args: argparse.Namespace) -> int:
@@ -199,6 +220,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
             snap = fold(flow, [ev], snap, flows=flows)
         matches = snap == stored
         note = "matches the stored snapshot" if matches else "DIFFERS from the stored snapshot"
-        print(f"flowkernel: replayed {len(events)} events; rebuilt snapshot {note}", file=sys.stderr)
+        from flowkernel.render import plural
+
+        print(f"flowkernel: replayed {plural(len(events), 'event')}; rebuilt snapshot {note}", file=sys.stderr)
         return EXIT_OK if matches else EXIT_FAILED
 

@@ -68,7 +68,10 @@ def cmd_record(args: argparse.Namespace) -> int:
         print(path)
     snap = done.snapshot
     if done.unused_replies:
-        _say(f"{len(done.unused_replies)} --reply value(s) were not needed: {done.unused_replies!r}")
+        from flowkernel.render import plural
+
+        unused = len(done.unused_replies)
+        _say(f"{plural(unused, '--reply value')} {'was' if unused == 1 else 'were'} not needed: {done.unused_replies!r}")
     if snap.status == "waiting":
         node, waiting = sorted(snap.waiting.items())[0]
         _say(f"node {node} waits for a reply ({waiting.prompt!r}); the calls so far are written: pass one "

@@ -53,9 +53,12 @@ def cmd_prune(args: argparse.Namespace) -> int:
 
         print(msgspec.json.encode(report).decode())
     else:
+        from flowkernel.render import plural
+
         verb = "would delete" if report.dryRun else "deleted"
-        print(f"{verb} {report.runs} runs and {report.childRuns} child runs ({report.events} events"
-              + ("" if report.dryRun else f", {report.blobs} blobs no other run uses") + ")")
+        print(f"{verb} {plural(report.runs, 'run')} and {plural(report.childRuns, 'child run')} "
+              f"({plural(report.events, 'event')}"
+              + ("" if report.dryRun else f", {plural(report.blobs, 'blob')} no other run uses") + ")")
     return EXIT_OK
 
 
@@ -65,7 +68,9 @@ def cmd_export(args: argparse.Namespace) -> int:
     with opened(args) as kernel:
         written = export_runs(kernel.store, args.runs, sys.stdout.buffer, with_children=args.with_children,
                               progress=_progress)
-    print(f"flowkernel: exported {written} runs", file=sys.stderr)
+    from flowkernel.render import plural
+
+    print(f"flowkernel: exported {plural(written, 'run')}", file=sys.stderr)
     return EXIT_OK
 
 
@@ -93,5 +98,8 @@ def cmd_import(args: argparse.Namespace) -> int:
             print(run_id)
     for _, why in report.refused:
         print(f"flowkernel: {why}", file=sys.stderr)
-    print(f"flowkernel: imported {len(report.imported)} runs, refused {len(report.refused)}", file=sys.stderr)
+    from flowkernel.render import plural
+
+    print(f"flowkernel: imported {plural(len(report.imported), 'run')}, refused {len(report.refused)}",
+          file=sys.stderr)
     return EXIT_FAILED if report.refused else EXIT_OK

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from collections.abc import Callable, Iterable, Iterator
@@ -16,6 +17,43 @@ if TYPE_CHECKING:
     from flowkernel.snapshot import RunSnapshot
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_STOPPED = 0, 1, 2, 3
+LOG_LEVELS = ("debug", "info", "warning", "error")
+DEFAULT_LOG_LEVEL = "info"
+
+
+def add_log_level(sp: argparse.ArgumentParser, *, default: str) -> None:
+    sp.add_argument("--log-level", choices=LOG_LEVELS, default=default, metavar="LEVEL",
+                    help=f"what flowkernel logs to stderr: {', '.join(LOG_LEVELS)} (default {DEFAULT_LOG_LEVEL}: "
+                         "a worker's runs, serve's requests, and anything that goes wrong); before or after "
+                         "the command")
+
+
+class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to whatever ``sys.stderr`` is when a record comes (as ``logging.lastResort`` does)."""
+
+    @property
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:
+        pass
+
+
+_handler: logging.Handler | None = None
+
+
+def configure_logging(level: str) -> None:
+    """Send flowkernel's log records (loggers ``flowkernel.*``) to stderr, one line each with its time,
+    level and logger, at ``level`` and above. The library only logs; the command line says where to."""
+    global _handler
+    logger = logging.getLogger("flowkernel")
+    if _handler is None:  # once, however many times main() runs in one process
+        _handler = _Stderr()
+        _handler.setFormatter(logging.Formatter("%(asctime)s.%(msecs)03d %(levelname)s %(name)s: %(message)s",
+                                                "%Y-%m-%d %H:%M:%S"))
+        logger.addHandler(_handler)
+    logger.setLevel(level.upper())
 
 
 def add_db(sp: argparse.ArgumentParser) -> None:
@@ -112,8 +150,10 @@ def stdout_closed() -> None:
     os.dup2(devnull, sys.stdout.fileno())
 
 
-def exit_for(snap: RunSnapshot, run_id: str, args: argparse.Namespace) -> int:
-    """The exit code for a run that stopped, with the command that continues it (copy it as printed)."""
+def exit_for(snap: RunSnapshot, run_id: str, args: argparse.Namespace, kernel: Kernel | None = None) -> int:
+    """The exit code for a run that stopped, with the command that continues it (copy it as printed).
+    ``kernel`` (the run's) tells a failed node, which ``retry`` re-runs, from a failed flow, which only
+    ``retry --flow`` continues."""
     again = store_option(args)
     if snap.status == "completed":
         return EXIT_OK
@@ -131,9 +171,24 @@ def exit_for(snap: RunSnapshot, run_id: str, args: argparse.Namespace) -> int:
             print(f"flowkernel: paused; continue with: flowkernel resume {run_id}{again}", file=sys.stderr)
         return EXIT_STOPPED
     if snap.status == "failed":
-        print(f"flowkernel: run {run_id} failed: {snap.error}; re-run its failed nodes with: "
-              f"flowkernel retry {run_id}{again}", file=sys.stderr)
+        print(f"flowkernel: run {run_id} failed: {snap.error}; {_retry_hint(snap, run_id, again, kernel)}",
+              file=sys.stderr)
     return EXIT_FAILED
+
+
+def _retry_hint(snap: RunSnapshot, run_id: str, again: str, kernel: Kernel | None) -> str:
+    """What continues a failed run: ``retry`` when a node failed; when the flow itself did (an edge's
+    ``when``, a binding), a plain retry fails the same way, and the flow file, fixed, is what to give."""
+    from flowkernel.commands import retry_restarts_a_failure
+
+    if kernel is None or retry_restarts_a_failure(kernel.flow_of(run_id), snap):
+        return f"re-run its failed nodes with: flowkernel retry {run_id}{again}"
+    import shlex
+
+    source = kernel.store.get_run(run_id).flowSource
+    fixed = shlex.quote(source) if source else "FIXED.json"
+    return (f"a retry on this flow fails the same way: fix the flow file, then continue with: "
+            f"flowkernel retry {run_id} --flow {fixed}{again}")
 
 
 def store_option(args: argparse.Namespace) -> str:

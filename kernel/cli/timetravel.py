@@ -82,5 +82,5 @@ def cmd_fork(args: argparse.Namespace) -> int:
         changes = parse_inputs(kernel.flow_of(args.run), args.input, None) if args.input else None
         snap = run_async(fork, kernel, args.run, args.at, input=changes, on_event=printer(args))
         print(f"flowkernel: fork {snap.runId} of {args.run} at seq {args.at}", file=sys.stderr)
-        return exit_for(snap, snap.runId, args)
+        return exit_for(snap, snap.runId, args, kernel)
 

@@ -90,7 +90,8 @@ def cmd_workers(args: argparse.Namespace) -> int:
         import msgspec
 
         for w in workers:
-            print(msgspec.json.encode(w).decode())
+            # Every field, those at their default too (an idle worker's empty `runs`): the record omits them.
+            print(msgspec.json.encode(msgspec.structs.asdict(w)).decode())
         return EXIT_OK
     if not workers:
         print("no live workers")

@@ -22,6 +22,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from flowkernel.api import Kernel
 from flowkernel.catalog import FlowCatalog
 from flowkernel.server import agents, execute, flows, problems, runs, stream, webui
+from flowkernel.server.access import AccessLog
 from flowkernel.server.auth import token_check
 from flowkernel.server.crosssite import CrossSiteGuard, cors_origin
 from flowkernel.server.feed import Feed
@@ -99,9 +100,9 @@ def create_app(kernel: Kernel, config: ServerConfig | None = None, *, feed_store
     guarded.include_router(flows.router)
     app.include_router(guarded)
 
-    # Each middleware added wraps the ones before it: the Host check comes first, then the body
-    # limit (before anything reads a body), CORS (so a listed origin can read a refusal), and the
-    # cross-site guard of state-changing requests.
+    # Each middleware added wraps the ones before it: the access log comes first, then the Host
+    # check, the body limit (before anything reads a body), CORS (so a listed origin can read a
+    # refusal), and the cross-site guard of state-changing requests.
     origins = [cors_origin(o) for o in config.cors_origins]
     app.add_middleware(CrossSiteGuard, prefix=PREFIX, origins=origins)
     if origins:
@@ -114,5 +115,6 @@ def create_app(kernel: Kernel, config: ServerConfig | None = None, *, feed_store
     # protects, and the names are checked only if the operator named some.
     if config.token is None or config.allowed_hosts:
         app.add_middleware(HostCheck, allowed=[allowed_host(h) for h in config.allowed_hosts])
+    app.add_middleware(AccessLog)  # outermost: every request is logged, those refused early too
     webui.mount(app)
     return app

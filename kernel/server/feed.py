@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import sys
+import logging
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
@@ -24,6 +24,8 @@ from flowkernel.store.base import Store
 KEEP = 4096  # recent events kept per watched run
 HISTORY_PAGE = 1000  # events read from the store per step by a client that is behind
 END = b'{"type":"flow:complete"'
+
+log = logging.getLogger("flowkernel.server.feed")
 
 
 @dataclass
@@ -60,6 +62,7 @@ class Feed:
 
     async def watch(self) -> None:
         """The watcher: runs until cancelled (the server's lifespan owns it)."""
+        failing = False
         while True:
             if not self._runs:
                 await self._wake.wait()
@@ -73,8 +76,13 @@ class Feed:
             try:
                 new = await anyio.to_thread.run_sync(self._read_new, heads, force)
             except Exception as exc:  # a store hiccup must not end every stream: try again next poll
-                print(f"flowkernel serve: reading new events failed: {exc}", file=sys.stderr)
+                if not failing:  # said once, not at every poll while it lasts
+                    log.warning("reading new events failed (trying again at each poll): %s", exc)
+                failing = True
                 continue
+            if failing:
+                log.info("reading new events works again")
+                failing = False
             for run_id, (head, bodies) in new.items():
                 found = self._runs.get(run_id)
                 if found is None or found.head != head:

@@ -178,6 +178,10 @@ class Store(Protocol):
                   before: int | None = None, limit: int = 50) -> list[RunRecord]:
         """Runs newest first (by ``runNo``), those with ``runNo < before`` when given: keyset pages."""
         ...
+    def count_runs(self, *, status: str | None = None, flow: str | None = None, parent: str | None = None,
+                   before: int | None = None) -> int:
+        """How many runs ``page_runs`` lists with these filters and no limit."""
+        ...
     def find_idempotent(self, key: str) -> RunRecord | None:
         """The run created with this idempotency key, if any."""
         ...

@@ -107,6 +107,10 @@ class MemoryStore:
                 and (parent is None or r.parentRunId == parent) and (before is None or (r.runNo or 0) < before)]
         return sorted(runs, key=lambda r: r.runNo or 0, reverse=True)[:limit]
 
+    def count_runs(self, *, status: str | None = None, flow: str | None = None, parent: str | None = None,
+                   before: int | None = None) -> int:
+        return len(self.page_runs(status=status, flow=flow, parent=parent, before=before, limit=len(self._runs)))
+
     def find_idempotent(self, key: str) -> RunRecord | None:
         return next((r for r in self._runs.values() if r.idempotencyKey == key), None)
 

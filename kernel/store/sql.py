@@ -570,6 +570,18 @@ class SqlStore(SqlArchive, ABC):
         params.append(limit)
         return [_record(r) for r in self._query(sql, params)]
 
+    def count_runs(self, *, status: str | None = None, flow: str | None = None, parent: str | None = None,
+                   before: int | None = None) -> int:
+        p = self.param
+        sql = "SELECT COUNT(*) FROM runs WHERE run_no IS NOT NULL"
+        params: list[Any] = []
+        for cond, val in (("status =", status), ("flow_name =", flow), ("parent_run_id =", parent),
+                          ("run_no <", before)):
+            if val is not None:
+                sql += f" AND {cond} {p}"
+                params.append(val)
+        return int(self._query(sql, params)[0][0])
+
     def find_idempotent(self, key: str) -> RunRecord | None:
         rows = self._query(self._sql_find_idempotent, (key,))
         return _record(rows[0]) if rows else None
