@@ -220,14 +220,21 @@ class Kernel:
         """A flow to continue ``run_id`` on (``resume``/``retry`` with ``flow=``): a flow file's path or a
         flow document, validated with the plugins the run executes with loaded first (their functions
         and tools are names the flow may use)."""
+        self.load_plugins_of(run_id)
+        if isinstance(source, dict):
+            return self.compile(source, source="flowDocument")
+        return self.load_flow(source)
+
+    def load_plugins_of(self, run_id: str) -> None:
+        """Import the plugin modules ``run_id`` executes with (its own, and this kernel's), as an
+        execution of it would: what reads its flow file again (``rerun``, ``--flow``) then knows the
+        functions, tools and node types the flow names. Raises SettingUnavailableError naming a module
+        that does not import here."""
         record = self.store.get_run(run_id)
         settings = RunSettings.from_json(record.settings).overridden_by(self.settings)
         import_plugins(run_id, settings)
         if settings.plugins and self.registry is not default_registry():
             self._adopt_plugins()
-        if isinstance(source, dict):
-            return self.compile(source, source="flowDocument")
-        return self.load_flow(source)
 
     @staticmethod
     def check_input(flow: CompiledFlow, value: Any) -> None:

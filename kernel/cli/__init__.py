@@ -67,7 +67,17 @@ def _build(command: str | None) -> argparse.ArgumentParser:
     target: Any = sub if command is None else _OnlyCommand(sub, command)
     for group in GROUPS:
         group.add_parsers(target)
+    for own in _commands(p).values():
+        add_plugin_option(own)
     return p
+
+
+def add_plugin_option(sp: argparse.ArgumentParser) -> None:
+    """``--plugin`` after the command, as before it: one rule for every command. Kept apart from the
+    global option's list (a command's defaults would replace it), and joined to it by ``main``."""
+    sp.add_argument("--plugin", action="append", default=[], dest="command_plugins", metavar="MODULE",
+                    help="import a module that registers functions, tools or node types (repeatable; "
+                         "modules of the current directory import too)")
 
 
 def _commands(p: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:

@@ -23,8 +23,6 @@ def add_parsers(sub: Any) -> None:
     sp.add_argument("--reply", action="append", default=[], metavar="TEXT",
                     help="the answer for the next node that waits for a reply (repeatable, in order); "
                          "without one a terminal is asked")
-    sp.add_argument("--plugin", action="append", default=[], dest="command_plugins", metavar="MODULE",
-                    help="import a module that registers functions, tools or node types (repeatable)")
     sp.add_argument("--force", action="store_true", help="overwrite fixture files that exist")
     sp.set_defaults(handler=cmd_record)
 
