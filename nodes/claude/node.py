@@ -35,7 +35,14 @@ from flowkernel.jsonschemas import instance_errors
 from flowkernel.lineage import Lineage, find_lineage
 from flowkernel.node import INTERRUPTED, Interrupted, KnownNames, WaitFor, unknown_name
 from flowkernel.nodes.claude import spans
-from flowkernel.nodes.claude.config import INPUT_SCHEMA, AgentConfig, build_request, check_input, parse_config
+from flowkernel.nodes.claude.config import (
+    INPUT_SCHEMA,
+    AgentConfig,
+    advise_input,
+    build_request,
+    check_input,
+    parse_config,
+)
 from flowkernel.nodes.claude.pricing import Price, cost_usd, find_price, price_table
 from flowkernel.nodes.claude.resume import Pickup
 from flowkernel.nodes.claude.transcript import Transcript
@@ -107,6 +114,9 @@ class ClaudeAgentNode:
 
     def check(self, raw_input: dict[str, Any], path: str, problems: list[Problem]) -> None:
         check_input(raw_input, path, problems)
+
+    def advise(self, raw_input: dict[str, Any], path: str, notes: list[Problem]) -> None:
+        advise_input(raw_input, path, notes)
 
     def check_names(self, raw_input: dict[str, Any], path: str, known: KnownNames, problems: list[Problem]) -> None:
         tools = raw_input.get("tools")
