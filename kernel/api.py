@@ -50,6 +50,7 @@ from flowkernel.events import (
     encode,
     encoder,
 )
+from flowkernel.flow_tree import first_unavailable
 from flowkernel.gc_pause import collector_paused
 from flowkernel.ids import new_run_id, now_ms
 from flowkernel.nonfinite import loads_strict
@@ -330,6 +331,9 @@ class Kernel:
         """Create a run and execute it until it stops; returns its final snapshot."""
         run_id = run_id or new_run_id()
         services = self._services(run_id, self.settings, new=True)  # checked before anything is stored
+        unavailable = first_unavailable(flow.document, flow.source, flow.base_dir, self.registry.node_types, services)
+        if unavailable is not None:
+            raise InvalidInputError(f"{unavailable}; nothing was run")
         created, request = self._new_run(flow, input, run_id=run_id, leased=True)
         # Created through the committer: runs started together share the transactions that store them.
         self._committer.executing += 1

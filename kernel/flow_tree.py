@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from flowkernel.errors import FlowkernelError, Problem
+from flowkernel.flowfile import read_flow_document
 from flowkernel.localfiles import resolve_inside
 
 FLOW_CALL = "flow.call"
@@ -80,6 +81,31 @@ def check_tree(document: Any, source: str, base: Path, visit: Visit) -> tuple[li
     return problems, warnings
 
 
+def tree_documents(document: Any, source: str, base: Path | None) -> Iterator[tuple[str, Any]]:
+    """``(file, document)`` of the flow (``source``, in folder ``base``) and of each child flow it calls by
+    a constant path, and theirs, each file once, unvalidated. A child that cannot be read is left out:
+    validation, or the node when it runs, says why."""
+    yield source, document
+    if base is None:
+        return
+    seen = {Path(source).resolve()}
+    todo = [(document, source, base)]
+    while todo:
+        doc, shown, folder = todo.pop()
+        for _, target in constant_children(doc):
+            try:
+                file = resolve_inside(folder, target, FLOW_CALL)
+                if file in seen:
+                    continue
+                seen.add(file)
+                child, _ = read_flow_document(file)
+            except FlowkernelError:
+                continue
+            child_shown = shown_path(shown, target)
+            yield child_shown, child
+            todo.append((child, child_shown, file.parent))
+
+
 def shown_path(parent: str, target: str) -> str:
     """A child flow's file as the user reads it: ``target`` (relative to the calling flow's file
     ``parent``) joined to the folder ``parent`` is shown in."""
@@ -110,3 +136,26 @@ def _one_line(exc: FlowkernelError) -> str:
     """An error about a child file as one problem line (a validation error lists its problems on the
     lines after the first: they are reported one by one instead, so this is for the others)."""
     return " ".join(str(exc).split("\n"))
+
+
+def first_unavailable(document: Any, source: str, base: Path | None, node_types: Mapping[str, Any],
+                      services: Mapping[str, Any]) -> str | None:
+    """Why a node of the flow, or of a child flow it calls by a constant path, cannot run in a process
+    with ``services`` (a node type's optional ``unavailable(who, services)``: an agent without
+    credentials for the API it calls), or None. Each node type is asked once."""
+    asked: set[str] = set()
+    for file, doc in tree_documents(document, source, base):
+        nodes = doc.get("nodes") if isinstance(doc, dict) else None
+        for node in nodes if isinstance(nodes, list) else ():
+            ntype = node.get("type") if isinstance(node, dict) else None
+            if not isinstance(ntype, str) or ntype in asked or ntype not in node_types:
+                continue
+            asked.add(ntype)
+            check = getattr(node_types[ntype], "unavailable", None)
+            if check is None:
+                continue
+            who = f"node {node.get('id')!r}" + ("" if file == source else f" of child flow {file}")
+            reason: str | None = check(who, services)
+            if reason is not None:
+                return reason
+    return None

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -114,6 +115,15 @@ class ClaudeAgentNode:
 
     def check(self, raw_input: dict[str, Any], path: str, problems: list[Problem]) -> None:
         check_input(raw_input, path, problems)
+
+    def unavailable(self, who: str, services: Mapping[str, Any]) -> str | None:
+        """Why ``who`` cannot run in a process with ``services``: its model calls would go to the API
+        (no query function given) and no credentials are set."""
+        if services.get("query_fn") is not None:
+            return None
+        from flowkernel.nodes.claude.credentials import missing_credentials
+
+        return missing_credentials(who)
 
     def advise(self, raw_input: dict[str, Any], path: str, notes: list[Problem]) -> None:
         advise_input(raw_input, path, notes)
