@@ -73,7 +73,9 @@ def check_tree(document: Any, source: str, base: Path, visit: Visit) -> tuple[li
             child, own, noted = visit(file, child_shown)
         except FlowkernelError as exc:  # not a flow at all: no such file, not JSON, …
             said = _one_line(exc).removeprefix(f"{file}:")  # the file is named already
-            problems.append(Problem(at, f"{within.rstrip()}{said}" if said[:1].isdigit() else f"{within}{said.lstrip()}"))
+            # `child flow c.json:3:7: not valid JSON …`, or `child flow c.json: no such flow file`
+            message = f"{within.rstrip()}{said}" if said[:1].isdigit() else f"{within}{said.lstrip()}"
+            problems.append(Problem(at, message))
             continue
         problems.extend(Problem(at, f"{within}{p}") for p in own)
         warnings.extend(Problem(at, f"{within}{w}") for w in noted)
@@ -133,8 +135,7 @@ def node_warnings(document: Any, node_types: Mapping[str, Any]) -> list[Problem]
 
 
 def _one_line(exc: FlowkernelError) -> str:
-    """An error about a child file as one problem line (a validation error lists its problems on the
-    lines after the first: they are reported one by one instead, so this is for the others)."""
+    """An error as the message of one problem line."""
     return " ".join(str(exc).split("\n"))
 
 

@@ -67,7 +67,10 @@ class CheckedNodeType(NodeType, Protocol):
     - ``check_names(raw_input, path, known, problems)``: check the names of registered things the input
       gives (``known.functions``, ``known.tools``), called when the caller knows them;
     - ``advise(raw_input, path, notes)``: append what is worth a warning but does not make the flow
-      invalid (a deprecated model); ``validate`` and ``run`` print each note and go on.
+      invalid (a deprecated model); ``validate`` and ``run`` print each note and go on;
+    - ``unavailable(who, services)``: why a node of this type (``who``, e.g. ``node 'planner'``) cannot
+      run in a process with these services (no credentials for the API it calls), or None; a run is
+      refused with it before anything is stored.
     """
 
     def check(self, raw_input: dict[str, Any], path: str, problems: list[Problem]) -> None: ...
