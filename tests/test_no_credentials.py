@@ -6,6 +6,7 @@ a failed model call says to give the key first."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,8 @@ from typing import Any
 
 import pytest
 from flowkernel.testing.fake_api import FakeAnthropic, Text, reply
+
+from tests.server_support import pool_worker, serving
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = str(Path(sys.executable).with_name("flowkernel"))
@@ -107,3 +110,16 @@ def test_a_worker_without_a_key_fails_the_run_with_the_sentence_and_the_hint_say
         done = fk("retry", run_id, "--db", db, cwd=tmp_path, env={**keyless, "ANTHROPIC_BASE_URL": fake.base_url})
     assert done.returncode == 0, done.stderr
     assert "authorization" not in fake.requests[0].headers and "x-api-key" not in fake.requests[0].headers
+
+
+def test_serve_executing_a_run_without_a_key_fails_it_with_the_same_sentence(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in [n for n in os.environ if n.startswith("ANTHROPIC_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    ask = {"name": "ask", "nodes": [{"id": "agent", "type": "claude.agent", "input": {"prompt": "Is it on?"}}]}
+    with serving(str(tmp_path / "runs.db")) as live, pool_worker(live.db), live.client() as http:
+        created = http.post("/api/v1/runs", params={"wait": 30}, json={"flowDocument": ask})
+    assert created.status_code == 201, created.text
+    assert created.json()["status"] == "failed"
+    assert created.json()["error"] == f"node 'agent' failed: node 'agent' {HOW}"
