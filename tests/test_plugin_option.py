@@ -107,3 +107,20 @@ def test_rerun_uses_the_plugins_the_run_remembers_and_takes_plugin(tmp_path: Pat
     given = fk("rerun", run_id, "--plugin", "quiet", "--db", db, cwd=here, env=env)
     assert given.returncode == 1, given.stderr  # it ran, with one node more than the recording
     assert given.stdout.startswith(f"run {run_id}: diverges") and "soft" in given.stdout, given.stdout
+
+
+def test_fixtures_of_a_run_hold_the_tool_definitions_of_the_plugins_it_remembers(
+        tmp_path: Path, clean_env: dict[str, str]) -> None:
+    root = Path(__file__).resolve().parent.parent
+    started = fk("--plugin", "flowkernel.examples.research_tools", "run", str(root / "flows" / "research.json"),
+                 "--input", "question=Which database should our desktop app use?",
+                 "--fixtures", str(root / "fixtures" / "research"), "--db", "runs.db", "--json",
+                 cwd=tmp_path, env=clean_env)
+    assert started.returncode == 3, started.stderr  # the researcher waits for a reply
+    run_id = json.loads(started.stdout.splitlines()[0])["flowRunId"]
+    written = fk("fixtures", run_id, "--output", "out", "--db", "runs.db", cwd=tmp_path, env=clean_env)  # no --plugin
+    assert written.returncode == 0, written.stderr
+    call = json.loads((tmp_path / "out" / "researcher.json").read_text())["calls"][0]
+    recorded = json.loads((root / "fixtures" / "research" / "researcher.json").read_text())["calls"][0]
+    assert [t["name"] for t in call["input"]["tools"]] == [t["name"] for t in recorded["input"]["tools"]]
+    assert "lookup_fact" in [t["name"] for t in call["input"]["tools"]]
