@@ -23,6 +23,10 @@ is touched when used; past ``MAX_RECORDS`` records the least recently used are r
 document the key cannot be computed for is simply validated. A cache that cannot be read or written
 is as good as empty: it never stops a command. Only a flow that passed validation is ever recorded.
 
+The child flows a flow calls by constant paths are validated with it (``flowkernel.flow_tree``), each
+through its own record, looked up every time: a grandchild changed since is seen, though the flow's
+own record keys only its direct children's contents.
+
 The node types' own ``check`` and ``check_names`` are cheap (no pydantic, no networkx) and may read more
 than their code (a plugin's settings): they run every time, cached or not, and any problem they find
 sends the flow through the whole validation, which reports it.
