@@ -50,6 +50,7 @@ from flowkernel.events import (
     encode,
     encoder,
 )
+from flowkernel.flow_tree import first_unavailable
 from flowkernel.gc_pause import collector_paused
 from flowkernel.ids import new_run_id, now_ms
 from flowkernel.nonfinite import loads_strict
@@ -220,14 +221,21 @@ class Kernel:
         """A flow to continue ``run_id`` on (``resume``/``retry`` with ``flow=``): a flow file's path or a
         flow document, validated with the plugins the run executes with loaded first (their functions
         and tools are names the flow may use)."""
+        self.load_plugins_of(run_id)
+        if isinstance(source, dict):
+            return self.compile(source, source="flowDocument")
+        return self.load_flow(source)
+
+    def load_plugins_of(self, run_id: str) -> None:
+        """Import the plugin modules ``run_id`` executes with (its own, and this kernel's), as an
+        execution of it would: what reads its flow file again (``rerun``, ``--flow``) then knows the
+        functions, tools and node types the flow names. Raises SettingUnavailableError naming a module
+        that does not import here."""
         record = self.store.get_run(run_id)
         settings = RunSettings.from_json(record.settings).overridden_by(self.settings)
         import_plugins(run_id, settings)
         if settings.plugins and self.registry is not default_registry():
             self._adopt_plugins()
-        if isinstance(source, dict):
-            return self.compile(source, source="flowDocument")
-        return self.load_flow(source)
 
     @staticmethod
     def check_input(flow: CompiledFlow, value: Any) -> None:
@@ -323,6 +331,9 @@ class Kernel:
         """Create a run and execute it until it stops; returns its final snapshot."""
         run_id = run_id or new_run_id()
         services = self._services(run_id, self.settings, new=True)  # checked before anything is stored
+        unavailable = first_unavailable(flow.document, flow.source, flow.base_dir, self.registry.node_types, services)
+        if unavailable is not None:
+            raise InvalidInputError(f"{unavailable}; nothing was run")
         created, request = self._new_run(flow, input, run_id=run_id, leased=True)
         # Created through the committer: runs started together share the transactions that store them.
         self._committer.executing += 1

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from flowkernel.errors import FlowFileError
+from flowkernel.json_depth import MAX_DEPTH, deep_point, describe
 from flowkernel.localfiles import DEFAULT_MAX_FLOW_BYTES, MAX_FLOW_BYTES_ENV, limit_from_env, read_limited
 
 
@@ -33,7 +34,11 @@ def read_flow_document(path: Path) -> tuple[Any, str]:
     except json.JSONDecodeError as exc:
         raise FlowFileError(f"{path}:{exc.lineno}:{exc.colno}: not valid JSON: {exc.msg}") from None
     except RecursionError:
-        raise FlowFileError(f"{path}: not a flow: nested too deeply") from None
+        point = deep_point(text, MAX_DEPTH)
+        if point is not None and point.beyond:
+            raise FlowFileError(f"{path}:{point.line}:{point.column}: not a flow: arrays and objects nested more "
+                                f"than {MAX_DEPTH} levels deep (a flow may nest at most {MAX_DEPTH})") from None
+        raise FlowFileError(f"{path}: not a flow: {describe(text, MAX_DEPTH)}") from None
     except ValueError as exc:  # NaN / Infinity, or an integer of more digits than Python converts
         raise FlowFileError(f"{path}: not valid JSON: {exc}") from None
     return data, text

@@ -65,7 +65,12 @@ class CheckedNodeType(NodeType, Protocol):
     - ``expression_keys``: input keys whose string is a JSONata expression evaluated over the binding
       context (``transform``'s ``expr``), checked like a binding;
     - ``check_names(raw_input, path, known, problems)``: check the names of registered things the input
-      gives (``known.functions``, ``known.tools``), called when the caller knows them.
+      gives (``known.functions``, ``known.tools``), called when the caller knows them;
+    - ``advise(raw_input, path, notes)``: append what is worth a warning but does not make the flow
+      invalid (a deprecated model); ``validate`` and ``run`` print each note and go on;
+    - ``unavailable(who, services)``: why a node of this type (``who``, e.g. ``node 'planner'``) cannot
+      run in a process with these services (no credentials for the API it calls), or None; a run is
+      refused with it before anything is stored.
     """
 
     def check(self, raw_input: dict[str, Any], path: str, problems: list[Problem]) -> None: ...

@@ -198,6 +198,7 @@ async def rerun(kernel: Kernel, run_id: str, *, flow: CompiledFlow | None = None
     from flowkernel.store.memory import MemoryStore
 
     record = kernel.store.get_run(run_id)
+    kernel.load_plugins_of(run_id)  # the flow may name the functions and tools of the run's plugins
     if flow is None:
         flow = _current_flow(kernel, record)
     recorded = kernel.events(run_id)

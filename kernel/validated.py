@@ -23,6 +23,10 @@ is touched when used; past ``MAX_RECORDS`` records the least recently used are r
 document the key cannot be computed for is simply validated. A cache that cannot be read or written
 is as good as empty: it never stops a command. Only a flow that passed validation is ever recorded.
 
+The child flows a flow calls by constant paths are validated with it (``flowkernel.flow_tree``), each
+through its own record, looked up every time: a grandchild changed since is seen, though the flow's
+own record keys only its direct children's contents.
+
 The node types' own ``check`` and ``check_names`` are cheap (no pydantic, no networkx) and may read more
 than their code (a plugin's settings): they run every time, cached or not, and any problem they find
 sends the flow through the whole validation, which reports it.
@@ -35,9 +39,9 @@ import os
 import sys
 from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
-from flowkernel.errors import FlowkernelError
+from flowkernel.errors import FlowkernelError, FlowValidationError, Problem
 from flowkernel.flowfile import canonical_json, flow_hash, read_flow_document
 from flowkernel.localfiles import (
     DEFAULT_MAX_FLOW_BYTES,
@@ -59,37 +63,89 @@ _FILE_KEYS = {"flow.call": "flow"}
 
 
 class FlowSummary(NamedTuple):
-    """What ``validate`` says of a valid flow."""
+    """What ``validate`` says of a valid flow: its name, its counts, and what is worth a warning (each a
+    ``Problem``: where, and what)."""
 
     name: str
     nodes: int
     edges: int
+    warnings: list[Problem]
 
 
-def load_valid_flow(path: str | Path, registry: Registry, *, check_names: bool = True) -> CompiledFlow:
+def load_valid_flow(path: str | Path, registry: Registry, *, check_names: bool = True,
+                    warnings: list[Problem] | None = None) -> CompiledFlow:
     """Read a flow file and compile it, validating it unless it passed validation before with all that
-    validation reads unchanged (see the module). ``check_names``: functions and tools must be
-    registered (as ``load_flow`` with the registry's names)."""
+    validation reads unchanged (see the module), and the child flows it calls by constant paths with
+    it (``flowkernel.flow_tree``): every problem of them all is reported at once. ``check_names``:
+    functions and tools must be registered (as ``load_flow`` with the registry's names). ``warnings``,
+    given, gets what is worth a warning but does not make the flow invalid."""
     from flowkernel.compiler import compile_flow
 
     found = _look_up(path, registry, check_names)
-    if found.known:
-        return compile_flow(found.document, source=found.source, base_dir=found.base,
-                            node_types=registry.node_types, trusted=True, stored=found.stored)
-    return _validate(found, registry, check_names)
+
+    def own() -> CompiledFlow:
+        if found.known:
+            return compile_flow(found.document, source=found.source, base_dir=found.base,
+                                node_types=registry.node_types, trusted=True, stored=found.stored)
+        return _validate(found, registry, check_names)
+
+    return _with_children(found, registry, check_names, own, warnings)
 
 
 def check_flow_file(path: str | Path, registry: Registry) -> FlowSummary:
-    """Validate a flow file (unless it passed validation before, see the module) and summarise it.
-    A flow known to be valid is not compiled: its summary is read from the document."""
+    """Validate a flow file and the child flows it calls (as ``load_valid_flow``) and summarise it. A
+    flow known to be valid is not compiled: its summary is read from the document."""
     found = _look_up(path, registry, True)
-    if found.known:
-        nodes, edges = found.document["nodes"], found.document.get("edges") or []
-        # As the compiled flow counts them: nodes by id, edges by id (``from->to`` when unnamed).
-        return FlowSummary(str(found.document["name"]), len({node["id"] for node in nodes}),
-                           len({edge.get("id") or f"{edge['from']}->{edge['to']}" for edge in edges}))
-    flow = _validate(found, registry, True)
-    return FlowSummary(flow.name, len(flow.nodes), len(flow.edges))
+
+    def own() -> FlowSummary:
+        if found.known:
+            nodes, edges = found.document["nodes"], found.document.get("edges") or []
+            # As the compiled flow counts them: nodes by id, edges by id (``from->to`` when unnamed).
+            return FlowSummary(str(found.document["name"]), len({node["id"] for node in nodes}),
+                               len({edge.get("id") or f"{edge['from']}->{edge['to']}" for edge in edges}), [])
+        flow = _validate(found, registry, True)
+        return FlowSummary(flow.name, len(flow.nodes), len(flow.edges), [])
+
+    warnings: list[Problem] = []
+    summary = _with_children(found, registry, True, own, warnings)
+    return summary._replace(warnings=warnings)
+
+
+_T = TypeVar("_T")
+
+
+def _with_children(found: _Found, registry: Registry, check_names: bool, own: Callable[[], _T],
+                   warnings: list[Problem] | None) -> _T:
+    """``own()`` (the flow's own validation), with the problems of the child flows it calls added to
+    its own, or raised on their own when it has none; warnings of them all go to ``warnings``."""
+    from flowkernel.flow_tree import check_tree, node_warnings
+
+    problems: list[Problem] = []
+    result: _T | None = None
+    try:
+        result = own()
+    except FlowValidationError as exc:
+        problems.extend(exc.problems)
+
+    def visit(file: Path, shown: str) -> tuple[Any, list[Problem], list[Problem]]:
+        child = _look_up(file, registry, check_names)._replace(source=shown)
+        noted = node_warnings(child.document, registry.node_types)
+        if child.known:
+            return child.document, [], noted
+        try:
+            _validate(child, registry, check_names)
+        except FlowValidationError as exc:
+            return child.document, exc.problems, noted
+        return child.document, [], noted
+
+    children, noted = check_tree(found.document, found.source, found.base, visit)
+    problems.extend(children)
+    if problems:
+        raise FlowValidationError(found.source, problems)
+    if warnings is not None:
+        warnings.extend([*node_warnings(found.document, registry.node_types), *noted])
+    assert result is not None
+    return result
 
 
 class _Found(NamedTuple):

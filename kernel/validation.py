@@ -20,11 +20,11 @@ from flowkernel.expressions import (
     quoted,
     strip_braces,
 )
+from flowkernel.json_depth import MAX_DEPTH
 from flowkernel.node import KnownNames
 from flowkernel.references import references, yields_function
 
 RESERVED_IDS = frozenset({"flow", "state"})
-MAX_DEPTH = 100  # nesting of a flow document; deeper documents are refused before anything recurses
 MAX_VALUE_PROBLEMS = 20
 
 

@@ -118,7 +118,7 @@ def test_run_help_unknown_commands_and_global_options_behave_as_before(tmp_path:
     refused = fk("validate", str(flow), cwd=tmp_path, env=clean_env)  # no plugin: no function `shout`
     assert refused.returncode == 2 and "'shout'" in refused.stderr
     outside = fk("--plugin", "shout_plugin", "run", str(flow), "--db", db, cwd=tmp_path, env=clean_env)
-    assert outside.returncode == 1 and "child.json" in outside.stdout + outside.stderr  # a folder not allowed
+    assert outside.returncode == 2 and "child.json" in outside.stderr  # a folder not allowed, found before running
 
     missing = fk("--plugin", cwd=tmp_path, env=clean_env)
     assert missing.returncode == 2 and "argument --plugin: expected one argument" in missing.stderr

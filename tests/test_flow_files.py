@@ -104,7 +104,7 @@ def test_the_cli_allow_dir_option_allows_a_folder(project: Path) -> None:
     path = parent(project, "../outside.json")
     db = str(project / "runs.db")
     res = cli(project, "run", str(path), "--db", db)
-    assert res.returncode == 1 and "is outside" in res.stdout + res.stderr
+    assert res.returncode == 2 and "is outside" in res.stderr  # found by validation, before the run
     res = cli(project, "--allow-dir", str(project.parent), "run", str(path), "--db", db)
     assert res.returncode == 0, res.stdout + res.stderr
 
@@ -124,7 +124,7 @@ def test_a_child_flow_that_is_not_a_regular_file_is_refused_without_hanging(proj
     # A subprocess with a deadline: a hang fails the test instead of stalling the suite.
     res = cli(project, "run", str(path), "--db", str(project / "runs.db"), env=env, timeout=30)
     out = res.stdout + res.stderr
-    assert res.returncode == 1 and "Traceback" not in out, out
+    assert res.returncode == 2 and "Traceback" not in out, out  # found by validation, before the run
     assert ("not a regular file" in out) if kind != "directory" else ("is a directory" in out), out
 
 

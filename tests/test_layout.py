@@ -18,6 +18,7 @@ CORE = {"flowkernel.budgets", "flowkernel.flow", "flowkernel.flowfile", "flowker
         "flowkernel.reducer", "flowkernel.scheduling", "flowkernel.events", "flowkernel.snapshot",
         "flowkernel.state_ops", "flowkernel.errors", "flowkernel.ids", "flowkernel.node",
         "flowkernel.validation", "flowkernel.references", "flowkernel.jsonschemas", "flowkernel.localfiles",
+        "flowkernel.json_depth",
         "flowkernel.flow_update"}
 
 

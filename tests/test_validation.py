@@ -331,7 +331,8 @@ def _validate_cli(path: Path, *args: str) -> subprocess.CompletedProcess[str]:
 @pytest.mark.parametrize(("name", "text", "expected"), [
     ("type-list", '{"name": "x", "nodes": [{"id": "a", "type": []}]}', "$.nodes[0].type: "),
     ("type-object", '{"name": "x", "nodes": [{"id": {}, "type": {}}]}', "$.nodes[0].type: "),
-    ("brackets", "[" * 100_000 + "]" * 100_000, "nested too deeply"),
+    ("brackets", "[" * 100_000 + "]" * 100_000, "brackets.json:1:101: not a flow: arrays and objects nested more "
+                                                 "than 100 levels deep"),
     ("deep-input", '{"name": "x", "nodes": [{"id": "a", "type": "noop", "input": {"v": '
      + "[" * 200 + "]" * 200 + "}}]}", "nested more than 100 levels deep"),
     ("surrogate-name", '{"name": "\\ud800", "nodes": [{"id": "a", "type": "noop"}]}',

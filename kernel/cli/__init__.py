@@ -79,7 +79,16 @@ def _build(command: str | None) -> argparse.ArgumentParser:
         group.add_parsers(target)
     for command_parser in _commands(p).values():  # after the command too; given there, it wins
         add_log_level(command_parser, default=argparse.SUPPRESS)
+        add_plugin_option(command_parser)
     return p
+
+
+def add_plugin_option(sp: argparse.ArgumentParser) -> None:
+    """``--plugin`` after the command, as before it: one rule for every command. Kept apart from the
+    global option's list (a command's defaults would replace it), and joined to it by ``main``."""
+    sp.add_argument("--plugin", action="append", default=[], dest="command_plugins", metavar="MODULE",
+                    help="import a module that registers functions, tools or node types (repeatable; "
+                         "modules of the current directory import too)")
 
 
 def _commands(p: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:

@@ -48,13 +48,11 @@ def _int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
 
 
-def add_executor_options(sp: Any, *, stopped_by: str, plugins_dest: str) -> None:
-    """The options of a process that executes runs (``worker``, ``serve``): its grace on ``stopped_by``,
-    fixtures in place of the API, and plugin modules (kept under ``plugins_dest``)."""
+def add_executor_options(sp: Any, *, stopped_by: str) -> None:
+    """The options of a process that executes runs (``worker``, ``serve``): its grace on ``stopped_by``
+    and fixtures in place of the API (``--plugin``, as every command's, comes from ``flowkernel.cli``)."""
     sp.add_argument("--grace-s", type=non_negative_float, default=DEFAULT_GRACE_S, metavar="S",
                     help=f"on {stopped_by}, how long node runs in flight may take to finish before they are "
                          f"paused and handed over (default {DEFAULT_GRACE_S:g})")
     sp.add_argument("--fixtures", metavar="DIR", help="serve model calls from fixture files: a run's node "
                                                       "files in DIR/<flow name>/, then DIR/ (no network)")
-    sp.add_argument("--plugin", action="append", default=[], dest=plugins_dest, metavar="MODULE",
-                    help="import a module that registers functions, tools or node types (repeatable)")

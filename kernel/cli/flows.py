@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
+import sys
+from typing import TYPE_CHECKING, Any
 
 from flowkernel.cli.session import EXIT_OK, add_db, add_json, exit_for, opened, printer, run_async
+
+if TYPE_CHECKING:
+    from flowkernel.errors import Problem
 
 
 def add_parsers(sub: Any) -> None:
@@ -34,8 +38,15 @@ def cmd_validate(args: argparse.Namespace) -> int:
     flow = check_flow_file(args.flow, default_registry())
     from flowkernel.render import plural
 
+    warn(args.flow, flow.warnings)
     print(f"{args.flow}: ok — flow {flow.name!r}, {plural(flow.nodes, 'node')}, {plural(flow.edges, 'edge')}")
     return EXIT_OK
+
+
+def warn(source: str, warnings: list[Problem]) -> None:
+    """What validation advises without refusing the flow, one line each on stderr."""
+    for note in warnings:
+        print(f"flowkernel: warning: {source}: {note}", file=sys.stderr)
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
@@ -83,7 +94,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     # Everything about the input is checked before the store is touched. A queued run executes in a
     # worker, with the worker's plugins: its functions and tools are the worker's to know, not this
     # process's.
-    flow = load_valid_flow(args.flow, default_registry(), check_names=not args.queue)
+    warnings: list[Problem] = []
+    flow = load_valid_flow(args.flow, default_registry(), check_names=not args.queue, warnings=warnings)
+    warn(args.flow, warnings)
     value = parse_inputs(flow, args.input, args.input_json)
     from flowkernel.api import Kernel
 

@@ -23,8 +23,6 @@ def add_parsers(sub: Any) -> None:
     sp.add_argument("--reply", action="append", default=[], metavar="TEXT",
                     help="the answer for the next node that waits for a reply (repeatable, in order); "
                          "without one a terminal is asked")
-    sp.add_argument("--plugin", action="append", default=[], dest="command_plugins", metavar="MODULE",
-                    help="import a module that registers functions, tools or node types (repeatable)")
     sp.add_argument("--force", action="store_true", help="overwrite fixture files that exist")
     sp.set_defaults(handler=cmd_record)
 
@@ -38,10 +36,10 @@ def cmd_record(args: argparse.Namespace) -> int:
     from flowkernel.compiler import load_flow
     from flowkernel.events import BaseEvent
     from flowkernel.fixtures.record import record_flow
-    from flowkernel.nodes.claude.query import require_credentials
+    from flowkernel.nodes.claude.credentials import require_credentials
     from flowkernel.registry import default_registry
 
-    require_credentials("record")
+    require_credentials("record", fixtures=False)
     # Everything about the flow and the input is checked before a model is called.
     flow = load_flow(args.flow, node_types=default_registry().node_types)
     value = parse_inputs(flow, args.input, args.input_json)

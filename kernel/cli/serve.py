@@ -30,7 +30,7 @@ def add_parsers(sub: Any) -> None:
     sp.add_argument("--workers", type=non_negative_int, default=DEFAULT_WORKERS, metavar="N",
                     help=f"runs this process executes at once, as `flowkernel worker --concurrency N` would "
                          f"(default {DEFAULT_WORKERS}; 0: serve only, separate `flowkernel worker` processes execute)")
-    add_executor_options(sp, stopped_by="SIGTERM or Ctrl-C", plugins_dest="command_plugins")
+    add_executor_options(sp, stopped_by="SIGTERM or Ctrl-C")
     add_db(sp)
     sp.set_defaults(handler=cmd_serve)
 

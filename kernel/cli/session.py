@@ -171,8 +171,16 @@ def exit_for(snap: RunSnapshot, run_id: str, args: argparse.Namespace, kernel: K
             print(f"flowkernel: paused; continue with: flowkernel resume {run_id}{again}", file=sys.stderr)
         return EXIT_STOPPED
     if snap.status == "failed":
-        print(f"flowkernel: run {run_id} failed: {snap.error}; {_retry_hint(snap, run_id, again, kernel)}",
-              file=sys.stderr)
+        if any(fault.errorType == "authentication" for fault in snap.faults.values()):
+            # Retried as it is, the model call fails again: the credentials (or fixtures) come first.
+            from flowkernel.nodes.claude.credentials import how_to_call
+
+            print(f"flowkernel: run {run_id} failed: {snap.error}; {how_to_call(fixtures=False)} and re-run its "
+                  f"failed nodes with: flowkernel retry {run_id}{again} (or serve them from recorded fixtures: "
+                  f"flowkernel retry {run_id}{again} --fixtures DIR)", file=sys.stderr)
+        else:
+            print(f"flowkernel: run {run_id} failed: {snap.error}; {_retry_hint(snap, run_id, again, kernel)}",
+                  file=sys.stderr)
     return EXIT_FAILED
 
 

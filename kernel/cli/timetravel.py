@@ -47,7 +47,7 @@ def cmd_fixtures(args: argparse.Namespace) -> int:
     from flowkernel.fixtures import fixtures_from_run, write_fixtures
 
     with opened(args) as kernel:
-        kernel.store.get_run(args.run)
+        kernel.load_plugins_of(args.run)  # the run's tools, whose definitions its requests held
         documents = fixtures_from_run(kernel.store, args.run, tools=kernel.registry.tools)
         if not documents:
             print(f"flowkernel: run {args.run} made no model calls; nothing to write", file=sys.stderr)

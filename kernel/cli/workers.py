@@ -20,7 +20,7 @@ def add_parsers(sub: Any) -> None:
     sp.add_argument("--lease-s", type=positive_float, default=DEFAULT_LEASE_S, metavar="S",
                     help=f"lease time: how soon another worker takes over the runs of a worker that died "
                          f"on another host (default {DEFAULT_LEASE_S:g})")
-    add_executor_options(sp, stopped_by="SIGTERM", plugins_dest="worker_plugins")
+    add_executor_options(sp, stopped_by="SIGTERM")
     add_db(sp)
     sp.set_defaults(handler=cmd_worker)
 
@@ -32,11 +32,9 @@ def add_parsers(sub: Any) -> None:
 
 def cmd_worker(args: argparse.Namespace) -> int:
     from flowkernel.api import Kernel
-    from flowkernel.registry import load_plugins
     from flowkernel.store.open import open_store
     from flowkernel.worker import Worker
 
-    load_plugins(args.worker_plugins)
     services: dict[str, Any] = {}
     if args.fixtures:
         from flowkernel.fixtures.library import FixtureLibrary

@@ -8,7 +8,7 @@ from typing import Any
 from flowkernel.errors import NodeFailure, Problem
 from flowkernel.node import bindable, check_json_schema
 from flowkernel.nodes.claude.caching import mark_cache_breakpoints
-from flowkernel.nodes.claude.models import ADAPTIVE, BUDGET, traits
+from flowkernel.nodes.claude.models import ADAPTIVE, BUDGET, deprecated_models, traits
 
 DEFAULT_MODEL = "claude-sonnet-5-5"  # current, and not in the SDK's deprecation table
 DEFAULT_MAX_TOKENS = 8192
@@ -160,6 +160,21 @@ def _check_thinking(data: dict[str, Any], path: str, problems: list[Problem]) ->
         problems.append(Problem(where, f"model {model} takes adaptive thinking only (a budget is refused with "
                                        '400): use {"type": "adaptive", "effort": "low" | "medium" | "high" | '
                                        '"xhigh" | "max"}'))
+
+
+def advise_input(data: Any, path: str, notes: list[Problem]) -> None:
+    """Append what is worth a warning in a ``claude.agent`` input: a model the installed ``anthropic``
+    SDK deprecates, with the date it reaches end of life (the SDK warns at each call; better once, now)."""
+    if not isinstance(data, dict):
+        return
+    model = _model_of(data)
+    end = deprecated_models().get(model) if model is not None else None
+    if model is None or end is None:
+        return
+    which = f"model {model!r}" if "model" in data else f"the default model {model!r}"
+    notes.append(Problem(f"{path}.model" if "model" in data else path,
+                         f"{which} is deprecated (the installed anthropic SDK says it reaches end of life on "
+                         f"{end}); move the node to a current model"))
 
 
 def check_input(data: Any, path: str, problems: list[Problem]) -> None:

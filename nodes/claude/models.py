@@ -15,7 +15,12 @@ the 5.x models after it reject a non-default temperature.
 
 from __future__ import annotations
 
+import functools
+import importlib.util
+import sys
 from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
 
 ADAPTIVE = "adaptive"
 BUDGET = "budget"
@@ -65,3 +70,38 @@ def traits(model: str) -> ModelTraits:
     """What ``model`` accepts; ``UNKNOWN`` (everything) for an id the table does not know."""
     best = max((k for k in TRAITS if model.startswith(k)), key=len, default=None)
     return TRAITS[best] if best is not None else UNKNOWN
+
+
+# Where the installed ``anthropic`` SDK keeps the models it warns about (model id -> end-of-life date).
+SDK_DEPRECATIONS = "anthropic._data.deprecated_models"
+
+
+def deprecated_models() -> dict[str, str]:
+    """The installed ``anthropic`` SDK's deprecation table: model id -> the date it reaches end of life.
+    Empty when this SDK keeps none where it is looked for (the table is the SDK's, not a public API).
+
+    Read without importing the SDK, whose import costs more than a whole validation: the table module
+    as the SDK loaded it in this process, else its file executed on its own."""
+    module = sys.modules.get(SDK_DEPRECATIONS) or _table_file()
+    table = getattr(module, "DEPRECATED_MODELS", None)
+    if not isinstance(table, dict):
+        return {}
+    return {k: v for k, v in table.items() if isinstance(k, str) and isinstance(v, str)}
+
+
+@functools.cache
+def _table_file() -> ModuleType | None:
+    try:
+        spec = importlib.util.find_spec("anthropic")  # finds the package without importing it
+        folders = list(spec.submodule_search_locations or ()) if spec is not None else []
+        if not folders:
+            return None
+        path = Path(folders[0], "_data", "deprecated_models.py")
+        loaded = importlib.util.spec_from_file_location("_flowkernel_sdk_deprecated_models", path)
+        if not path.is_file() or loaded is None or loaded.loader is None:
+            return None
+        module = importlib.util.module_from_spec(loaded)
+        loaded.loader.exec_module(module)
+        return module
+    except Exception:  # an SDK laid out otherwise: no table, so no warning
+        return None

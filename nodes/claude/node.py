@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,7 +36,14 @@ from flowkernel.jsonschemas import instance_errors
 from flowkernel.lineage import Lineage, find_lineage
 from flowkernel.node import INTERRUPTED, Interrupted, KnownNames, WaitFor, unknown_name
 from flowkernel.nodes.claude import spans
-from flowkernel.nodes.claude.config import INPUT_SCHEMA, AgentConfig, build_request, check_input, parse_config
+from flowkernel.nodes.claude.config import (
+    INPUT_SCHEMA,
+    AgentConfig,
+    advise_input,
+    build_request,
+    check_input,
+    parse_config,
+)
 from flowkernel.nodes.claude.pricing import Price, cost_usd, find_price, price_table
 from flowkernel.nodes.claude.resume import Pickup
 from flowkernel.nodes.claude.transcript import Transcript
@@ -107,6 +115,18 @@ class ClaudeAgentNode:
 
     def check(self, raw_input: dict[str, Any], path: str, problems: list[Problem]) -> None:
         check_input(raw_input, path, problems)
+
+    def unavailable(self, who: str, services: Mapping[str, Any]) -> str | None:
+        """Why ``who`` cannot run in a process with ``services``: its model calls would go to the API
+        (no query function given) and no credentials are set."""
+        if services.get("query_fn") is not None:
+            return None
+        from flowkernel.nodes.claude.credentials import missing_credentials
+
+        return missing_credentials(who)
+
+    def advise(self, raw_input: dict[str, Any], path: str, notes: list[Problem]) -> None:
+        advise_input(raw_input, path, notes)
 
     def check_names(self, raw_input: dict[str, Any], path: str, known: KnownNames, problems: list[Problem]) -> None:
         tools = raw_input.get("tools")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import os
 import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -22,8 +23,9 @@ from typing import Any
 
 import anthropic
 import anyio
-from flowkernel.errors import InvalidInputError, NodeFailure
+from flowkernel.errors import NodeFailure
 from flowkernel.events import AgentError, AgentTextDelta, AgentThinkingDelta, BaseEvent
+from flowkernel.nodes.claude.credentials import has_key, how_to_call, missing_credentials, sdk_may_discover
 from flowkernel.query import ModelMessage, QueryContext
 
 
@@ -102,6 +104,10 @@ def classify(exc: BaseException) -> Failure | None:
         return Failure("network_error", f"{type(exc).__name__}: {exc}", True)
     if isinstance(exc, anthropic.APIError):
         return Failure("api_error", f"{type(exc).__name__}: {exc}", False)
+    if isinstance(exc, TypeError) and "authentication method" in str(exc):
+        # The SDK looked for credentials of its own (a profile, a config folder) and found none.
+        return Failure("authentication", f"the anthropic SDK found no credentials to call the Messages API with: "
+                                         f"{how_to_call()}", False)
     if _transport_error(exc):
         return Failure("network_error", f"the connection broke mid-stream ({type(exc).__name__}: {exc})", True)
     return None
@@ -205,13 +211,23 @@ class AnthropicQuery:
         loop = asyncio.get_running_loop()
         client = self._clients.get(loop)
         if client is None:
+            headers: dict[str, Any] = {}
+            if self._keyless():
+                # A compatible server that takes no key: say so, or the SDK refuses to send the request.
+                headers["Authorization"] = anthropic.Omit()
             try:
-                client = anthropic.AsyncAnthropic(base_url=self._base_url, api_key=self._api_key, max_retries=0)
+                client = anthropic.AsyncAnthropic(base_url=self._base_url, api_key=self._api_key, max_retries=0,
+                                                  default_headers=headers or None)
             except anthropic.AnthropicError as exc:
                 raise QueryFailed(f"cannot create the Anthropic client: {exc}; set ANTHROPIC_API_KEY",
                                   "authentication") from None
             self._clients[loop] = client
         return client
+
+    def _keyless(self) -> bool:
+        """Calls go to a server given by URL with no key, token or SDK credentials to send."""
+        return (self._api_key is None and bool(self._base_url or os.environ.get("ANTHROPIC_BASE_URL"))
+                and not has_key() and not sdk_may_discover())
 
     async def aclose(self) -> None:
         """Close the client this event loop uses (its connections belong to the loop)."""
@@ -221,6 +237,10 @@ class AnthropicQuery:
 
     async def __call__(self, request: dict[str, Any], emit: Callable[[BaseEvent], None],
                        ctx: QueryContext) -> ModelMessage:
+        if self._client is None and self._api_key is None and self._base_url is None:
+            missing = missing_credentials(f"node {ctx.node_id!r}")
+            if missing is not None:  # the sentence `flowkernel run` refuses with, not the SDK's TypeError
+                raise QueryFailed(missing, "authentication")
         attempt = 0
         while True:
             attempt += 1
@@ -272,19 +292,6 @@ def sdk_arguments(create: Callable[..., Any], request: dict[str, Any]) -> dict[s
     kwargs = {k: v for k, v in request.items() if k in known}
     kwargs["extra_body"] = {**kwargs.get("extra_body", {}), **extra}
     return kwargs
-
-
-CREDENTIAL_VARIABLES = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_BASE_URL")
-
-
-def require_credentials(what: str) -> None:
-    """Refuse, in one line, to start ``what`` against the API when nothing says where or as whom to call
-    it: better than failing at the first model call, after the nodes before it have run."""
-    import os
-
-    if not any(os.environ.get(name) for name in CREDENTIAL_VARIABLES):
-        raise InvalidInputError(f"{what} calls the Anthropic Messages API: set ANTHROPIC_API_KEY (or "
-                                "ANTHROPIC_BASE_URL for a compatible server); nothing was run")
 
 
 def default_query_fn() -> AnthropicQuery:
