@@ -63,7 +63,7 @@ def test_flows_that_call_each_other_validate_once_each(tmp_path: Path, clean_env
     write(tmp_path / "pong.json", [{**call("ping", "ping.json"), **done}, call("me", "pong.json")])
     res = fk("validate", "ping.json", cwd=tmp_path, env=clean_env)
     assert res.returncode == 0, res.stderr
-    assert res.stdout == "ping.json: ok — flow 'ping', 1 nodes, 0 edges\n"
+    assert res.stdout == "ping.json: ok — flow 'ping', 1 node, 0 edges\n"
 
     write(tmp_path / "pong.json", [call("ping", "ping.json"), {"id": "bad", "type": "noop", "input": {},
                                                                "policy": {"retry": {"maxAttempts": 0}}}])
