@@ -10,6 +10,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TextIO
 
+from flowkernel.cli.wording import plural
 from flowkernel.events import (
     AgentComplete,
     AgentError,
@@ -43,11 +44,6 @@ from flowkernel.events import (
 from flowkernel.snapshot import RunSnapshot
 from flowkernel.store.base import RunRecord
 from flowkernel.summaries import RunSummary
-
-
-def plural(count: int, noun: str) -> str:
-    """``1 edge``, ``2 edges``."""
-    return f"{count} {noun if count == 1 else noun + 's'}"
 
 
 def cost_line(run: RunSummary) -> str:

@@ -82,7 +82,7 @@ def test_a_flow_validated_before_runs_without_pydantic_networkx_jsonschema_or_js
     assert "■ completed" in again.stdout
     assert heavy == []
     checked, heavy = probe("validate", str(flow), cwd=tmp_path, env=cache_env)
-    assert checked.returncode == 0 and "ok — flow 'one', 1 nodes, 0 edges" in checked.stdout
+    assert checked.returncode == 0 and "ok — flow 'one', 1 node, 0 edges" in checked.stdout
     assert heavy == []
 
 

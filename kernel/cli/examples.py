@@ -49,7 +49,7 @@ def cmd_copy(args: argparse.Namespace) -> int:
     _print([str(path) for path in written])
     first = next((ex for ex in list_examples() if ex.name == "review-loop"), None)
     hint = f" && {first.command}" if first is not None else ""
-    from flowkernel.render import plural
+    from flowkernel.cli.wording import plural
 
     print(f"flowkernel: copied {plural(len(written), 'file')}; try: cd {shlex.quote(args.dir)}{hint}", file=sys.stderr)
     return EXIT_OK

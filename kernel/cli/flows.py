@@ -36,7 +36,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from flowkernel.validated import check_flow_file
 
     flow = check_flow_file(args.flow, default_registry())
-    from flowkernel.render import plural
+    from flowkernel.cli.wording import plural
 
     warn(args.flow, flow.warnings)
     print(f"{args.flow}: ok — flow {flow.name!r}, {plural(flow.nodes, 'node')}, {plural(flow.edges, 'edge')}")

@@ -101,7 +101,7 @@ def _more_runs(args: argparse.Namespace, more: int) -> None:
     """Say how many runs the list left out, and the command that lists them all (it works as printed)."""
     import shlex
 
-    from flowkernel.render import plural
+    from flowkernel.cli.wording import plural
 
     sys.stdout.flush()  # the line comes after the list, wherever both streams go
     options = "".join(f" --{name} {shlex.quote(value)}" for name, value in
@@ -220,7 +220,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
             snap = fold(flow, [ev], snap, flows=flows)
         matches = snap == stored
         note = "matches the stored snapshot" if matches else "DIFFERS from the stored snapshot"
-        from flowkernel.render import plural
+        from flowkernel.cli.wording import plural
 
         print(f"flowkernel: replayed {plural(len(events), 'event')}; rebuilt snapshot {note}", file=sys.stderr)
         return EXIT_OK if matches else EXIT_FAILED

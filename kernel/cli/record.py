@@ -66,7 +66,7 @@ def cmd_record(args: argparse.Namespace) -> int:
         print(path)
     snap = done.snapshot
     if done.unused_replies:
-        from flowkernel.render import plural
+        from flowkernel.cli.wording import plural
 
         unused = len(done.unused_replies)
         _say(f"{plural(unused, '--reply value')} {'was' if unused == 1 else 'were'} not needed: {done.unused_replies!r}")

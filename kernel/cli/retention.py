@@ -53,7 +53,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
 
         print(msgspec.json.encode(report).decode())
     else:
-        from flowkernel.render import plural
+        from flowkernel.cli.wording import plural
 
         verb = "would delete" if report.dryRun else "deleted"
         print(f"{verb} {plural(report.runs, 'run')} and {plural(report.childRuns, 'child run')} "
@@ -68,7 +68,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     with opened(args) as kernel:
         written = export_runs(kernel.store, args.runs, sys.stdout.buffer, with_children=args.with_children,
                               progress=_progress)
-    from flowkernel.render import plural
+    from flowkernel.cli.wording import plural
 
     print(f"flowkernel: exported {plural(written, 'run')}", file=sys.stderr)
     return EXIT_OK
@@ -98,7 +98,7 @@ def cmd_import(args: argparse.Namespace) -> int:
             print(run_id)
     for _, why in report.refused:
         print(f"flowkernel: {why}", file=sys.stderr)
-    from flowkernel.render import plural
+    from flowkernel.cli.wording import plural
 
     print(f"flowkernel: imported {plural(len(report.imported), 'run')}, refused {len(report.refused)}",
           file=sys.stderr)
