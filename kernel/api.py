@@ -196,6 +196,13 @@ class Kernel:
         record = self.store.get_run(run_id)
         return self.stored_flow(record.flowHash, record)
 
+    def message_takers(self, flow: CompiledFlow) -> Callable[[str], bool]:
+        """Whether each node of ``flow`` (by id) reads ``send`` messages, as this kernel's registry says."""
+        def takes(node_id: str) -> bool:
+            node = flow.nodes[node_id]
+            return self.registry.takes_messages(node.type, node.raw_input)
+        return takes
+
     def stored_flow(self, flow_hash: str, record: RunRecord) -> CompiledFlow:
         """The flow stored under ``flow_hash``, compiled; ``record``: the run it is for (where its file is)."""
         cached = self._flows.get(flow_hash)
@@ -415,16 +422,20 @@ class Kernel:
         return summaries(self.store, [self.store.get_run(run_id)], self.interrupted)[0]
 
     def detail(self, run_id: str, at: int | None = None) -> dict[str, Any]:
-        """``{run, snapshot, children}`` as ``show --json`` prints it: the run's summary and details, its
-        snapshot (after event ``at``, or now) and its child runs' summaries."""
+        """``{run, snapshot, children, nodes}`` as ``show --json`` prints it: the run's summary and details,
+        its snapshot (after event ``at``, or now), its child runs' summaries, and each node of the flow
+        that snapshot follows with its type and whether it takes ``send`` messages."""
         from flowkernel.summaries import detail_view, summaries
 
         record = self.store.get_run(run_id)
         snap = self.snapshot(run_id, at=at)
         children = self.store.list_runs(parent=run_id, limit=100_000)
         [run, *kids] = summaries(self.store, [record, *children], self.interrupted)
+        flow = self.stored_flow(snap.flowHash, record) if snap.flowHash else self.flow_of(run_id)
+        takes = self.message_takers(flow)
         return {"run": detail_view(record, run), "snapshot": msgspec.to_builtins(snap),
-                "children": [msgspec.to_builtins(k) for k in kids]}
+                "children": [msgspec.to_builtins(k) for k in kids],
+                "nodes": {n: {"type": node.type, "takesMessages": takes(n)} for n, node in flow.nodes.items()}}
 
     def run_page(self, *, status: str | None = None, flow: str | None = None, parent: str | None = None,
                  before: int | None = None, limit: int = 50) -> tuple[list[RunSummary], int | None]:
@@ -930,7 +941,8 @@ class Kernel:
             if cmd.kind in ("resume", "retry") and (run_limit(current, snap) is not None or cmd.budget is not None):
                 totals = self.store.descendant_totals([run_id]).get(run_id)
                 below = totals.totalCostUsd if totals is not None else 0.0
-            outcome = judge_command(current, snap, cmd, executing=False, below=below)
+            outcome = judge_command(current, snap, cmd, executing=False, below=below,
+                                    takes_messages=self.message_takers(current))
             if not outcome.accepted:
                 raise _Refused(outcome)  # recorded by ``execute``, under the lease it holds
             if update is None or update.hash == current.hash:
@@ -992,7 +1004,8 @@ class Kernel:
             return await self._via_store(run_id, cmd, timeout_s)
         try:
             snap = self.snapshot(run_id)
-            outcome = judge_command(self.flow_of(run_id), snap, cmd, executing=False)
+            flow = self.flow_of(run_id)
+            outcome = judge_command(flow, snap, cmd, executing=False, takes_messages=self.message_takers(flow))
             drafts: list[BaseEvent] = [outcome.record]
             if outcome.accepted and cmd.kind == "pause":  # nobody executes the run: it takes effect here
                 drafts.append(FlowPaused(reason=cmd.reason or "pause requested"))

@@ -66,10 +66,17 @@ class RunInfo(RunSummary):
                                             "started is not theirs (409 `not-pooled`): continue it with the CLI")
 
 
+class NodeInfo(BaseModel):
+    type: str
+    takesMessages: bool = Field(description="whether `send` reaches it (its type reads messages); a send to a "
+                                            "node run of a node that does not is refused (409)")
+
+
 class RunDetail(BaseModel):
     run: RunInfo
     snapshot: dict[str, Any] = Field(description="the RunSnapshot (DESIGN §5)")
     children: list[RunSummary]
+    nodes: dict[str, NodeInfo] = Field(description="the nodes of the flow the snapshot follows, by id")
 
 
 class Page(BaseModel, Generic[T]):
