@@ -1074,8 +1074,18 @@ def continue_stopped(snap: RunSnapshot) -> list[BaseEvent]:
 
 
 def _interrupted(snap: RunSnapshot) -> bool:
-    """Node runs were in flight when the run's executor went away (they need a resume)."""
-    return snap.status == "running" and any(st == "running" for st in snap.nodeStatus.values())
+    """Node runs were in flight when the run's executor went away (they need a resume). A forEach
+    group stays ``running`` across a ``flow:resumed``, which moved its items in flight to
+    ``resumedFrom`` (they start again, with the resume's message, as the run goes on): only items still
+    ``running`` were cut short. A run handed to the workers by a resume must not be resumed twice."""
+    if snap.status != "running":
+        return False
+    for node_id, status in snap.nodeStatus.items():
+        if status == "running":
+            group = snap.forEach.get(node_id)
+            if group is None or group.running:
+                return True
+    return False
 
 
 def _raise_if_refused(outcome: CommandOutcome) -> CommandOutcome:
