@@ -13,6 +13,7 @@ import pytest
 
 import tests.plugins.pool  # noqa: F401  (registers pool.gate)
 from tests.server_support import Live, pool_worker, serving, wait_for
+from tests.test_server import assert_problem
 
 
 @pytest.fixture
@@ -54,3 +55,28 @@ def test_pause_then_resume_with_a_message_of_a_running_foreach_records_one_resum
     assert [e["message"] for e in events if e["type"] == "flow:resumed"] == ["go on"]
     items = [e["item"] for e in events if e["type"] == "node:start" and e.get("item") is not None]
     assert sorted(items) == [0, 0, 1, 1, 2, 2]  # each item once before the pause, once after
+
+
+@pytest.mark.parametrize(("command", "body", "message"), [
+    ("send", {"to": "nr_x", "content": "hi"}, "unknown field 'content'; send takes 'to' and 'message'"),
+    ("reply", {"to": "nr_x", "message": "yes"}, "unknown field 'message'; reply takes 'to' and 'content'"),
+    ("pause", {"why": "lunch"}, "unknown field 'why'; pause takes 'reason'"),
+    ("abort", {"message": "stop"}, "unknown field 'message'; abort takes 'reason'"),
+    ("resume", {"msg": "go"}, "unknown field 'msg'; resume takes 'message', 'budget' and 'flowDocument'"),
+    ("retry", {"budget": 3}, "unknown field 'budget'; retry takes 'message' and 'flowDocument'"),
+])
+def test_a_command_body_with_a_field_it_does_not_take_names_the_fields_it_takes(
+        pool: Live, command: str, body: dict[str, Any], message: str) -> None:
+    with pool.client() as http:
+        got = assert_problem(http.post(f"/api/v1/runs/run_any/{command}", json=body), 422)
+    field = message.split("'")[1]
+    assert got["errors"] == [{"path": f"$.{field}", "message": message}]
+    assert got["detail"] == f"$.{field}: {message}"
+    assert "--" not in got["detail"]  # HTTP words, not the CLI's flags
+
+
+def test_a_run_request_with_a_field_it_does_not_take_names_the_fields_it_takes(pool: Live) -> None:
+    with pool.client() as http:
+        got = assert_problem(http.post("/api/v1/runs", json={"flow": "hello", "inputs": {}}), 422)
+    assert got["errors"] == [{"path": "$.inputs", "message": "unknown field 'inputs'; POST /api/v1/runs takes "
+                                                            "'flow', 'flowDocument', 'input' and 'idempotencyKey'"}]

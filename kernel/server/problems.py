@@ -7,6 +7,7 @@ request where there is one; nothing else reaches the client, never a stack trace
 from __future__ import annotations
 
 import logging
+import typing
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,6 +25,7 @@ from flowkernel.errors import (
     StoreError,
     UnknownRunError,
 )
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 MEDIA_TYPE = "application/problem+json"
@@ -91,6 +93,33 @@ def _from_flowkernel(exc: FlowkernelError) -> JSONResponse:
     return problem(500, "the server could not complete this request; its log says why", kind="internal")
 
 
+def _body_message(request: Request, error: Any) -> str:
+    """Pydantic's message, except for a field the body may not have: that one names the fields it may."""
+    if error.get("type") != "extra_forbidden":
+        return str(error["msg"])
+    name = str(tuple(error["loc"])[-1])
+    route = request.scope.get("route")
+    fields = _body_fields(route)
+    if not fields:
+        return f"unknown field {name!r}"
+    path = str(getattr(route, "path", request.url.path))
+    # The commands are named as the API names them (the last part of their path); POST /runs by its path.
+    what = path.rsplit("/", 1)[-1] if "{runId}/" in path else f"{request.method} {request.url.path}"
+    quoted = [repr(f) for f in fields]
+    listed = quoted[0] if len(quoted) == 1 else ", ".join(quoted[:-1]) + " and " + quoted[-1]
+    return f"unknown field {name!r}; {what} takes {listed}"
+
+
+def _body_fields(route: Any) -> list[str]:
+    """The fields of ``route``'s body model, in order (none if it has no model body)."""
+    field = getattr(route, "body_field", None)
+    annotation = getattr(getattr(field, "field_info", None), "annotation", None)
+    for candidate in (*typing.get_args(annotation), annotation):
+        if isinstance(candidate, type) and issubclass(candidate, BaseModel):
+            return list(candidate.model_fields)
+    return []
+
+
 def install(app: FastAPI) -> None:
     """Route every error through ``problem``."""
 
@@ -112,9 +141,10 @@ def install(app: FastAPI) -> None:
                            kind="malformed-body")
         body = [e for e in errors if e.get("loc", ("",))[0] == "body"]
         if body:
-            return problem(422, "the request body does not have the expected shape",
-                           errors=[(body_path(tuple(e["loc"])[1:]), str(e["msg"])) for e in body],
-                           kind="invalid-body")
+            found = [(body_path(tuple(e["loc"])[1:]), _body_message(request, e)) for e in body]
+            detail = (f"{found[0][0]}: {found[0][1]}" if len(found) == 1
+                      else f"the request body has {len(found)} problems: " + "; ".join(f"{p}: {m}" for p, m in found))
+            return problem(422, detail, errors=found, kind="invalid-body")
         # Query, path and header parameters: a malformed request, named by the parameter.
         return problem(400, "; ".join(f"{e['loc'][-1]}: {e['msg']}" for e in errors),
                        errors=[(str(e["loc"][-1]), str(e["msg"])) for e in errors], kind="invalid-parameter")
