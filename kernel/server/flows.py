@@ -7,9 +7,10 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Query, Request, Response
 from flowkernel.catalog import FlowCatalog
+from flowkernel.server.pagination import DEFAULT_LIMIT, MAX_INT, FlowsCursor, cursors_of
 from flowkernel.server.problems import ApiProblem
-from flowkernel.server.runs import json_response, kernel_of
-from flowkernel.server.views import FlowInfo
+from flowkernel.server.runs import Limit, json_response, kernel_of
+from flowkernel.server.views import FlowInfo, Page
 
 router = APIRouter(tags=["flows"])
 
@@ -19,10 +20,17 @@ def catalog_of(request: Request) -> FlowCatalog:
     return catalog
 
 
-@router.get("/flows", response_model=list[FlowInfo], summary="The flows this server can start by name")
-def list_flows(request: Request) -> Response:
-    return json_response([{"name": f.name, "description": f.document.get("description"),
-                           "inputs": f.inputs_schema} for f in catalog_of(request).flows()])
+@router.get("/flows", response_model=Page[FlowInfo], summary="The flows this server can start by name, by name")
+def list_flows(request: Request, limit: Limit = DEFAULT_LIMIT, cursor: FlowsCursor = None) -> Response:
+    cursors = cursors_of(request)
+    after = cursors.decode_name("flows", cursor)
+    # Keyed by name: a flow file added or removed between pages shifts no other flow.
+    flows = [f for f in catalog_of(request).flows() if after is None or f.name > after]
+    page = flows[:limit]
+    last = page[-1].name if len(flows) > limit else None
+    return json_response({"items": [{"name": f.name, "description": f.document.get("description"),
+                                     "inputs": f.inputs_schema} for f in page],
+                          "nextCursor": cursors.encode("flows", last)})
 
 
 @router.get("/flows/{name}", response_model=dict[str, Any], summary="One flow's document")
@@ -43,7 +51,8 @@ def validate(request: Request, document: Any = Body(..., description="a flow doc
 @router.get("/runs/{runId}/flow", response_model=dict[str, Any],
             summary="The flow document a run follows (as started, or as its last `flow:updated` made it)")
 def run_flow(request: Request, runId: str,
-             at: Annotated[int | None, Query(ge=1, description="the flow it followed right after event SEQ")] = None
+             at: Annotated[int | None, Query(ge=1, le=MAX_INT,
+                                             description="the flow it followed right after event SEQ")] = None
              ) -> Response:
     """The flow as stored with the run (canonical JSON, the bytes ``flowHash`` is computed from): what a
     client needs to draw the run's graph, whether or not the flow is in a ``--flows`` folder. With

@@ -12,7 +12,14 @@ from fastapi import APIRouter, Query, Request, Response
 from flowkernel.api import Kernel
 from flowkernel.commands import Command
 from flowkernel.events import Event
-from flowkernel.server.pagination import DEFAULT_LIMIT, MAX_LIMIT, decode_cursor, encode_cursor
+from flowkernel.server.pagination import (
+    DEFAULT_LIMIT,
+    MAX_INT,
+    MAX_LIMIT,
+    EventsCursor,
+    RunsCursor,
+    cursors_of,
+)
 from flowkernel.server.problems import ApiProblem
 from flowkernel.server.views import Abort, Accepted, Page, Pause, Reply, RunDetail, RunSummary, Send
 from flowkernel.server.views import Event as EventView
@@ -24,7 +31,6 @@ router = APIRouter(tags=["runs"])
 STATUSES = ("queued", "running", "interrupted", "paused", "waiting", "completed", "failed", "aborted")
 EVENT_TYPES = frozenset(str(t.__struct_config__.tag) for t in typing.get_args(Event))
 Limit = Annotated[int, Query(ge=1, le=MAX_LIMIT, description=f"items per page (at most {MAX_LIMIT})")]
-Cursor = Annotated[str | None, Query(description="the nextCursor of the previous page")]
 _encode = msgspec.json.Encoder().encode
 
 
@@ -45,18 +51,19 @@ def _page_body(items: list[bytes], cursor: str | None) -> bytes:
 @router.get("/runs", response_model=Page[RunSummary], summary="List runs, newest first")
 def list_runs(request: Request, status: Annotated[str | None, Query(description=", ".join(STATUSES))] = None,
               flow: str | None = None, parentRunId: str | None = None, limit: Limit = DEFAULT_LIMIT,
-              cursor: Cursor = None) -> Response:
+              cursor: RunsCursor = None) -> Response:
     if status is not None and status not in STATUSES:
         raise ApiProblem(400, f"status: {status!r} is not a run status; use one of {', '.join(STATUSES)}",
                          errors=[("status", "unknown status")], kind="invalid-parameter")
+    cursors = cursors_of(request)
     items, last = kernel_of(request).run_page(status=status, flow=flow, parent=parentRunId,
-                                              before=decode_cursor("runs", cursor), limit=limit)
-    return json_response({"items": items, "nextCursor": encode_cursor("runs", last)})
+                                              before=cursors.decode("runs", cursor), limit=limit)
+    return json_response({"items": items, "nextCursor": cursors.encode("runs", last)})
 
 
 @router.get("/runs/{runId}", response_model=RunDetail, summary="A run: summary, snapshot and child runs")
 def get_run(request: Request, runId: str,
-            at: Annotated[int | None, Query(ge=1, description="the snapshot right after event SEQ")] = None
+            at: Annotated[int | None, Query(ge=1, le=MAX_INT, description="the snapshot right after event SEQ")] = None
             ) -> Response:
     kernel = kernel_of(request)
     if at is not None and at > kernel.store.get_run(runId).seq:
@@ -67,9 +74,9 @@ def get_run(request: Request, runId: str,
 
 @router.get("/runs/{runId}/events", response_model=Page[EventView], summary="A run's stored events, in order")
 def list_events(request: Request, runId: str,
-                after: Annotated[int, Query(ge=0, description="only events after this seq")] = 0,
+                after: Annotated[int, Query(ge=0, le=MAX_INT, description="only events after this seq")] = 0,
                 types: Annotated[str | None, Query(description="comma-separated event types")] = None,
-                limit: Limit = DEFAULT_LIMIT, cursor: Cursor = None) -> Response:
+                limit: Limit = DEFAULT_LIMIT, cursor: EventsCursor = None) -> Response:
     wanted = None
     if types is not None:
         wanted = frozenset(t.strip() for t in types.split(",") if t.strip())
@@ -77,10 +84,11 @@ def list_events(request: Request, runId: str,
         if unknown or not wanted:
             raise ApiProblem(400, f"types: unknown event type {', '.join(unknown) or '(none given)'}",
                              errors=[("types", "unknown event type")], kind="invalid-parameter")
-    start = decode_cursor("events", cursor)
+    cursors = cursors_of(request)
+    start = cursors.decode("events", cursor)
     bodies, last = kernel_of(request).event_page(runId, after=after if start is None else start, types=wanted,
                                                  limit=limit)
-    return Response(_page_body(bodies, encode_cursor("events", last)), media_type="application/json")
+    return Response(_page_body(bodies, cursors.encode("events", last)), media_type="application/json")
 
 
 # -- commands -----------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ Every stored event after ``Last-Event-ID`` (or ``?after=``) as ``id: <seq>`` / `
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
 from typing import Annotated
 
@@ -14,12 +15,15 @@ import anyio.to_thread
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import StreamingResponse
 from flowkernel.server.feed import Feed
+from flowkernel.server.pagination import MAX_INT
 from flowkernel.server.problems import ApiProblem
 from flowkernel.server.runs import kernel_of
 
 router = APIRouter(tags=["runs"])
 
 KEEPALIVE = b": keepalive\n\n"
+SEQ_PATTERN = r"^\s*[0-9]{1,16}\s*$"
+_SEQ = re.compile(r"[0-9]{1,16}")
 
 
 def frame(seq: int, body: bytes) -> bytes:
@@ -32,13 +36,17 @@ def frame(seq: int, body: bytes) -> bytes:
             responses={200: {"content": {"text/event-stream": {}},
                              "description": "id: <seq>, event: <type>, data: <event JSON>, per event"}})
 async def stream(request: Request, runId: str,
-                 after: Annotated[int | None, Query(ge=0, description="start after this seq")] = None,
-                 last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None) -> StreamingResponse:
+                 after: Annotated[int | None, Query(ge=0, le=MAX_INT, description="start after this seq")] = None,
+                 last_event_id: Annotated[str | None, Header(
+                     alias="Last-Event-ID", pattern=SEQ_PATTERN,
+                     description="the `id:` of the last event received (a browser's EventSource sends it when it "
+                                 "reconnects); wins over `after`")] = None) -> StreamingResponse:
     kernel = kernel_of(request)
     await anyio.to_thread.run_sync(kernel.store.get_run, runId)  # 404 before the stream starts
     start = after or 0
     if last_event_id is not None:
-        if not last_event_id.strip().isdigit():
+        # ASCII digits only: str.isdigit() also takes "²", which int() refuses.
+        if _SEQ.fullmatch(last_event_id.strip()) is None or int(last_event_id) > MAX_INT:
             raise ApiProblem(400, "Last-Event-ID: must be the seq of an event (an `id:` this stream sent)",
                              errors=[("Last-Event-ID", "not a seq")], kind="invalid-parameter")
         start = int(last_event_id)
