@@ -13,6 +13,7 @@ import msgspec
 from fastapi import APIRouter, Path, Query, Request, Response
 from flowkernel.agent_runs import STATUSES
 from flowkernel.history import Page
+from flowkernel.server.document import problems
 from flowkernel.server.pagination import (
     DEFAULT_LIMIT,
     MAX_INT,
@@ -89,7 +90,8 @@ ForkRun = Annotated[str | None, Query(description="the run whose agent run it is
 
 # -- agent runs -------------------------------------------------------------------------------
 
-@router.get("/agent-runs", response_model=PageView[AgentRun], summary="List agent runs, newest first")
+@router.get("/agent-runs", response_model=PageView[AgentRun], summary="List agent runs, newest first",
+            responses=problems(400))
 def list_agent_runs(request: Request, status: AgentStatus = None, agentId: str | None = None,
                     runId: str | None = None, parentRunId: str | None = None, limit: Limit = DEFAULT_LIMIT,
                     cursor: AgentRunsCursor = None) -> Response:
@@ -101,7 +103,7 @@ def list_agent_runs(request: Request, status: AgentStatus = None, agentId: str |
 
 
 @router.get("/agent-runs/{agentRunId}", response_model=AgentRunDetail,
-            summary="One agent run: steps, usage, cost, final text")
+            summary="One agent run: steps, usage, cost, final text", responses=problems(404))
 def get_agent_run(request: Request, agentRunId: str, runId: ForkRun = None) -> Response:
     found = kernel_of(request).agent_run(agentRunId, runId)
     if found is None:
@@ -111,7 +113,8 @@ def get_agent_run(request: Request, agentRunId: str, runId: ForkRun = None) -> R
 
 # -- a run's agents ---------------------------------------------------------------------------
 
-@router.get("/runs/{runId}/messages", response_model=PageView[Message], summary="The stored agent messages of a run")
+@router.get("/runs/{runId}/messages", response_model=PageView[Message], summary="The stored agent messages of a run",
+            responses=problems(400, 404))
 def run_messages(request: Request, runId: str, nodeId: str | None = None, agentRunId: str | None = None,
                  limit: Limit = DEFAULT_LIMIT, cursor: MessagesCursor = None) -> Response:
     kernel = kernel_of(request)
@@ -122,7 +125,8 @@ def run_messages(request: Request, runId: str, nodeId: str | None = None, agentR
     return _page(cursors, page, "messages", message_view)
 
 
-@router.get("/runs/{runId}/tool-calls", response_model=PageView[ToolCall], summary="The stored tool calls of a run")
+@router.get("/runs/{runId}/tool-calls", response_model=PageView[ToolCall], summary="The stored tool calls of a run",
+            responses=problems(400, 404))
 def run_tool_calls(request: Request, runId: str, nodeId: str | None = None, agentRunId: str | None = None,
                    toolName: str | None = None, status: ToolStatus = None, limit: Limit = DEFAULT_LIMIT,
                    cursor: ToolCallsCursor = None) -> Response:
@@ -137,7 +141,7 @@ def run_tool_calls(request: Request, runId: str, nodeId: str | None = None, agen
 # -- one agent run ----------------------------------------------------------------------------
 
 @router.get("/agent-runs/{agentRunId}/messages", response_model=PageView[Message],
-            summary="An agent run's messages, ordered by step")
+            summary="An agent run's messages, ordered by step", responses=problems(400, 404))
 def agent_messages(request: Request, agentRunId: str, runId: ForkRun = None, limit: Limit = DEFAULT_LIMIT,
                    cursor: MessagesCursor = None) -> Response:
     holder = _agent_run_of(request, agentRunId, runId)
@@ -147,7 +151,8 @@ def agent_messages(request: Request, agentRunId: str, runId: ForkRun = None, lim
     return _page(cursors, page, "messages", message_view)
 
 
-@router.get("/agent-runs/{agentRunId}/messages/{messageId}", response_model=Message, summary="One stored message")
+@router.get("/agent-runs/{agentRunId}/messages/{messageId}", response_model=Message, summary="One stored message",
+            responses=problems(400, 404))
 def agent_message(request: Request, agentRunId: str, messageId: RowId, runId: ForkRun = None) -> Response:
     holder = _agent_run_of(request, agentRunId, runId)
     rows = kernel_of(request).store.list_agent_messages(run_id=agentRunId, flow_run_id=holder, after=messageId - 1,
@@ -158,7 +163,7 @@ def agent_message(request: Request, agentRunId: str, messageId: RowId, runId: Fo
 
 
 @router.get("/agent-runs/{agentRunId}/tool-calls", response_model=PageView[ToolCall],
-            summary="An agent run's tool calls")
+            summary="An agent run's tool calls", responses=problems(400, 404))
 def agent_tool_calls(request: Request, agentRunId: str, runId: ForkRun = None, toolName: str | None = None,
                      status: ToolStatus = None, limit: Limit = DEFAULT_LIMIT,
                      cursor: ToolCallsCursor = None) -> Response:
@@ -169,7 +174,8 @@ def agent_tool_calls(request: Request, agentRunId: str, runId: ForkRun = None, t
     return _page(cursors, page, "tool-calls", tool_call_view)
 
 
-@router.get("/agent-runs/{agentRunId}/tool-calls/{toolCallId}", response_model=ToolCall, summary="One tool call")
+@router.get("/agent-runs/{agentRunId}/tool-calls/{toolCallId}", response_model=ToolCall, summary="One tool call",
+            responses=problems(400, 404))
 def agent_tool_call(request: Request, agentRunId: str, toolCallId: RowId, runId: ForkRun = None) -> Response:
     holder = _agent_run_of(request, agentRunId, runId)
     rows = kernel_of(request).store.list_tool_calls(run_id=agentRunId, flow_run_id=holder, after=toolCallId - 1,

@@ -21,11 +21,12 @@ from fastapi import APIRouter, Depends, FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from flowkernel.api import Kernel
 from flowkernel.catalog import FlowCatalog
-from flowkernel.server import agents, execute, flows, problems, runs, stream, webui
+from flowkernel.server import agents, docs_page, execute, flows, problems, runs, stream, webui
 from flowkernel.server.auth import token_check
 from flowkernel.server.feed import Feed
+from flowkernel.server.headers import SecurityHeaders
 from flowkernel.server.limits import MAX_BODY_BYTES, BodyLimit
-from flowkernel.server.views import Health, Problem
+from flowkernel.server.views import Health
 
 PREFIX = "/api/v1"
 
@@ -71,16 +72,17 @@ def create_app(kernel: Kernel, config: ServerConfig | None = None, *, feed_store
             yield
             tg.cancel_scope.cancel()
 
-    app = FastAPI(title="flowkernel", version=flowkernel_version(), openapi_url=f"{PREFIX}/openapi.json",
-                  docs_url=f"{PREFIX}/docs", redoc_url=None, lifespan=lifespan,
+    # The document and its docs page are routes of their own (docs_page): the document behind the token.
+    app = FastAPI(title="flowkernel", version=flowkernel_version(), openapi_url=None, docs_url=None,
+                  redoc_url=None, lifespan=lifespan,
                   description="Runs of JSON agent workflows: start, inspect, command and follow them. "
-                              "Errors are application/problem+json (RFC 9457).",
-                  responses={400: {"model": Problem}, 401: {"model": Problem}, 404: {"model": Problem},
-                             413: {"model": Problem}, 422: {"model": Problem}, 500: {"model": Problem}})
+                              "Errors are application/problem+json (RFC 9457).")
     app.state.kernel = kernel
     app.state.config = config
+    app.state.open_paths = frozenset({f"{PREFIX}/health"})
     app.state.feed = feed
     app.state.catalog = FlowCatalog(config.flows, kernel.registry.node_types)
+    app.state.private_paths = problems.PrivatePaths(config.flows, kernel.store.location)
     problems.install(app)
 
     @app.get(f"{PREFIX}/health", response_model=Health, tags=["server"])
@@ -94,7 +96,9 @@ def create_app(kernel: Kernel, config: ServerConfig | None = None, *, feed_store
     guarded.include_router(stream.router)
     guarded.include_router(agents.router)
     guarded.include_router(flows.router)
+    docs_page.add_document(guarded)
     app.include_router(guarded)
+    docs_page.mount(app, PREFIX)
 
     # Outermost first: the body limit applies before anything reads a body.
     if config.cors_origins:
@@ -103,5 +107,6 @@ def create_app(kernel: Kernel, config: ServerConfig | None = None, *, feed_store
                                                                          "Last-Event-ID"],
                            expose_headers=["Location"])
     app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
+    app.add_middleware(SecurityHeaders)  # outermost: on every answer, the body limit's 413 too
     webui.mount(app)
     return app

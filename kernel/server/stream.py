@@ -14,6 +14,7 @@ from typing import Annotated
 import anyio.to_thread
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import StreamingResponse
+from flowkernel.server.document import problems
 from flowkernel.server.feed import Feed
 from flowkernel.server.pagination import MAX_INT
 from flowkernel.server.problems import ApiProblem
@@ -33,8 +34,9 @@ def frame(seq: int, body: bytes) -> bytes:
 
 @router.get("/runs/{runId}/stream", summary="Follow a run's events as Server-Sent Events",
             response_class=StreamingResponse,
-            responses={200: {"content": {"text/event-stream": {}},
-                             "description": "id: <seq>, event: <type>, data: <event JSON>, per event"}})
+            responses={200: {"content": {"text/event-stream": {"schema": {"type": "string"}}},
+                             "description": "id: <seq>, event: <type>, data: <event JSON>, per event"},
+                       **problems(400, 404)})
 async def stream(request: Request, runId: str,
                  after: Annotated[int | None, Query(ge=0, le=MAX_INT, description="start after this seq")] = None,
                  last_event_id: Annotated[str | None, Header(
