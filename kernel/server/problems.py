@@ -84,7 +84,8 @@ class PrivatePaths:
         folders: set[str] = set()
         for folder in flow_folders:
             folders.update({str(folder), str(folder.resolve()), os.path.abspath(folder)})
-        stores = {store_location, os.path.abspath(store_location)} if store_location != "memory" else set()
+        stores = set() if store_location == "memory" else (
+            {store_location} if "://" in store_location else {store_location, os.path.abspath(store_location)})
         # Longest first, and only where a path starts (not "flows/" inside "/api/v1/flows/x").
         self._patterns = [(re.compile(r"(?<![\w./-])" + re.escape(text)), by) for text, by in sorted(
             [(s, "the store") for s in stores] + [(f.rstrip(os.sep) + os.sep, "") for f in folders if f],
