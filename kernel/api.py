@@ -197,6 +197,13 @@ class Kernel:
         record = self.store.get_run(run_id)
         return self.stored_flow(record.flowHash, record)
 
+    def message_takers(self, flow: CompiledFlow) -> Callable[[str], bool]:
+        """Whether each node of ``flow`` (by id) reads ``send`` messages, as this kernel's registry says."""
+        def takes(node_id: str) -> bool:
+            node = flow.nodes[node_id]
+            return self.registry.takes_messages(node.type, node.raw_input)
+        return takes
+
     def stored_flow(self, flow_hash: str, record: RunRecord) -> CompiledFlow:
         """The flow stored under ``flow_hash``, compiled; ``record``: the run it is for (where its file is)."""
         cached = self._flows.get(flow_hash)
@@ -426,16 +433,20 @@ class Kernel:
         return summaries(self.store, [self.store.get_run(run_id)], self.interrupted)[0]
 
     def detail(self, run_id: str, at: int | None = None) -> dict[str, Any]:
-        """``{run, snapshot, children}`` as ``show --json`` prints it: the run's summary and details, its
-        snapshot (after event ``at``, or now) and its child runs' summaries."""
+        """``{run, snapshot, children, nodes}`` as ``show --json`` prints it: the run's summary and details,
+        its snapshot (after event ``at``, or now), its child runs' summaries, and each node of the flow
+        that snapshot follows with its type and whether it takes ``send`` messages."""
         from flowkernel.summaries import detail_view, summaries
 
         record = self.store.get_run(run_id)
         snap = self.snapshot(run_id, at=at)
         children = self.store.list_runs(parent=run_id, limit=100_000)
         [run, *kids] = summaries(self.store, [record, *children], self.interrupted)
+        flow = self.stored_flow(snap.flowHash, record) if snap.flowHash else self.flow_of(run_id)
+        takes = self.message_takers(flow)
         return {"run": detail_view(record, run), "snapshot": msgspec.to_builtins(snap),
-                "children": [msgspec.to_builtins(k) for k in kids]}
+                "children": [msgspec.to_builtins(k) for k in kids],
+                "nodes": {n: {"type": node.type, "takesMessages": takes(n)} for n, node in flow.nodes.items()}}
 
     def run_page(self, *, status: str | None = None, flow: str | None = None, parent: str | None = None,
                  before: int | None = None, limit: int = 50) -> tuple[list[RunSummary], int | None]:
@@ -954,7 +965,8 @@ class Kernel:
             if cmd.kind in ("resume", "retry") and (run_limit(current, snap) is not None or cmd.budget is not None):
                 totals = self.store.descendant_totals([run_id]).get(run_id)
                 below = totals.totalCostUsd if totals is not None else 0.0
-            outcome = judge_command(current, snap, cmd, executing=False, below=below)
+            outcome = judge_command(current, snap, cmd, executing=False, below=below,
+                                    takes_messages=self.message_takers(current))
             if not outcome.accepted:
                 raise _Refused(outcome)  # recorded by ``execute``, under the lease it holds
             if update is None or update.hash == current.hash:
@@ -1016,7 +1028,8 @@ class Kernel:
             return await self._via_store(run_id, cmd, timeout_s)
         try:
             snap = self.snapshot(run_id)
-            outcome = judge_command(self.flow_of(run_id), snap, cmd, executing=False)
+            flow = self.flow_of(run_id)
+            outcome = judge_command(flow, snap, cmd, executing=False, takes_messages=self.message_takers(flow))
             drafts: list[BaseEvent] = [outcome.record]
             if outcome.accepted and cmd.kind == "pause":  # nobody executes the run: it takes effect here
                 drafts.append(FlowPaused(reason=cmd.reason or "pause requested"))
@@ -1085,8 +1098,18 @@ def continue_stopped(snap: RunSnapshot) -> list[BaseEvent]:
 
 
 def _interrupted(snap: RunSnapshot) -> bool:
-    """Node runs were in flight when the run's executor went away (they need a resume)."""
-    return snap.status == "running" and any(st == "running" for st in snap.nodeStatus.values())
+    """Node runs were in flight when the run's executor went away (they need a resume). A forEach
+    group stays ``running`` across a ``flow:resumed``, which moved its items in flight to
+    ``resumedFrom`` (they start again, with the resume's message, as the run goes on): only items still
+    ``running`` were cut short. A run handed to the workers by a resume must not be resumed twice."""
+    if snap.status != "running":
+        return False
+    for node_id, status in snap.nodeStatus.items():
+        if status == "running":
+            group = snap.forEach.get(node_id)
+            if group is None or group.running:
+                return True
+    return False
 
 
 def _raise_if_refused(outcome: CommandOutcome) -> CommandOutcome:

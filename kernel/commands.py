@@ -7,7 +7,9 @@ and what was refused (text that is not UTF-8, say) may not even be storable.
 
 ``send`` and ``reply`` name their node run by id (``nr_…``) or by node id when exactly one node run
 of that node can take the command; the accepted record names the node run. A ``send`` to a
-``human.input`` node run is its reply: that node takes nothing else.
+``human.input`` node run is its reply: that node takes nothing else. A ``send`` to a node run whose
+type does not read messages (``NodeType.takes_messages``: a ``transform``, a ``python`` function
+without ``ctx``) is refused rather than left in an inbox nobody reads.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -194,9 +197,10 @@ def _budget_problem(cmd: Command) -> str | None:
 
 
 def judge_command(flow: CompiledFlow, snap: RunSnapshot, cmd: Command, *, executing: bool,
-                  below: float = 0.0) -> CommandOutcome:
+                  below: float = 0.0, takes_messages: Callable[[str], bool] | None = None) -> CommandOutcome:
     """Accept or refuse ``cmd`` for the run in ``snap``. ``executing``: a live executor holds the run.
-    ``below``: what the run's child runs cost (a resume must leave the run under its budget)."""
+    ``below``: what the run's child runs cost (a resume must leave the run under its budget).
+    ``takes_messages(node_id)``: whether that node's type reads ``send`` messages (None: every node)."""
     if cmd.kind not in KINDS:
         return _reject(cmd, f"unknown command {_storable(cmd.kind)!r}; use one of {', '.join(KINDS)}", invalid=True)
     problem = _budget_problem(cmd)
@@ -240,6 +244,10 @@ def judge_command(flow: CompiledFlow, snap: RunSnapshot, cmd: Command, *, execut
                     return _reject(cmd, f"{cmd.kind} does not match the schema of {node}: "
                                         f"{where.lstrip('.') or 'the reply'}: {message}", invalid=True)
             return _accept(cmd, content, target)
+        if takes_messages is not None and not takes_messages(node):
+            return _reject(cmd, f"node run {target} ({node}) is a `{flow.nodes[node].type}` node, which does not "
+                                "take messages (claude.agent and human.input nodes do, and python nodes whose function "
+                                "takes `ctx`)")
         return _accept(cmd, target=target)
     if cmd.kind == "pause":
         if status != "running":

@@ -47,6 +47,9 @@ class NodeType(Protocol):
     A node type with ``cooperative_pause = True`` is not cancelled when the run pauses: it should
     watch ``ctx.pause_requested()`` (or ``await ctx.wait_for_pause()``), finish its current step and
     return ``INTERRUPTED``. Every other node is cancelled and re-run on resume.
+
+    A node type with ``takes_messages = True`` reads ``send`` messages from its inbox; a ``send`` to a
+    node run of any other type is refused (see ``takes_messages`` below).
     """
 
     name: str
@@ -74,6 +77,18 @@ class CheckedNodeType(NodeType, Protocol):
     """
 
     def check(self, raw_input: dict[str, Any], path: str, problems: list[Problem]) -> None: ...
+
+
+def takes_messages(node_type: Any, raw_input: Any, registry: Any) -> bool:
+    """Whether a node of ``node_type`` with ``raw_input`` (as written in the flow) reads ``send`` messages.
+
+    ``takes_messages`` on the type is a bool, or, where the answer depends on the node's input (a
+    ``python`` node's function), a method ``takes_messages(raw_input, registry) -> bool``. A type without
+    it takes none: a message sent to it would wait in an inbox nobody reads."""
+    flag = getattr(node_type, "takes_messages", False)
+    if callable(flag):
+        return bool(flag(raw_input, registry))
+    return bool(flag)
 
 
 def bindable(schema: dict[str, Any]) -> dict[str, Any]:

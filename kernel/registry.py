@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar, overload
 
 from flowkernel.errors import InvalidInputError
-from flowkernel.node import NodeType
+from flowkernel.node import NodeType, takes_messages
 
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
@@ -275,6 +275,13 @@ class Registry:
         if not isinstance(instance, NodeType) or not isinstance(getattr(instance, "name", None), str):
             raise InvalidInputError(f"{node_type!r} is not a node type (needs a `name` string and `async run(ctx)`)")
         self.node_types[instance.name] = instance
+
+    def takes_messages(self, type_name: str, raw_input: Any) -> bool:
+        """Whether a node of type ``type_name`` with ``raw_input`` reads ``send`` messages (see
+        ``flowkernel.node.takes_messages``). A type this process has not registered (a plugin it did not
+        load) is not refused for it: only the type can tell."""
+        node_type = self.node_types.get(type_name)
+        return True if node_type is None else takes_messages(node_type, raw_input, self)
 
     def add_function(self, name: str, fn: Callable[..., Any]) -> None:
         """Register ``fn`` for ``python`` nodes under ``name``."""

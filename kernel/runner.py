@@ -428,9 +428,14 @@ class RunExecution:
                     return (n, int(key))
         return (n, item)
 
+    def _takes_messages(self, node_id: str) -> bool:
+        node = self.flow.nodes[node_id]
+        return self.registry.takes_messages(node.type, node.raw_input)
+
     def _handle_command(self, msg: _Incoming) -> None:
         try:
-            outcome = judge_command(self.flow, self.snap, msg.command, executing=True)
+            outcome = judge_command(self.flow, self.snap, msg.command, executing=True,
+                                    takes_messages=self._takes_messages)
             if msg.command_id is not None:
                 outcome.record.commandId = str(msg.command_id)
             received = self._append(outcome.record)

@@ -41,6 +41,8 @@ class FlowCallNode:
         },
     }
     cooperative_pause = True
+    # A send is not forwarded to the child run: send to the child's node runs (its own run id).
+    takes_messages = False
 
     def check(self, raw_input: dict[str, Any], path: str, problems: list[Problem]) -> None:
         if not isinstance(raw_input.get("flow"), str):

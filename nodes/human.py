@@ -17,6 +17,7 @@ class HumanInputNode:
     the command is accepted) is the node's output. A ``send`` to it is judged and taken as its reply."""
 
     name = "human.input"
+    takes_messages = True  # a send is its reply (judged against its schema like one)
     input_schema: dict[str, Any] = {
         "type": "object", "required": ["prompt"], "additionalProperties": False,
         "properties": {

@@ -37,6 +37,15 @@ class PythonNode:
         fn = registry.functions.get(str(input.get("function"))) if isinstance(input, dict) else None
         return fn is not None and _per_function(_INLINE, fn, _is_plain_function)
 
+    def takes_messages(self, raw_input: Any, registry: Any) -> bool:
+        """Only a function that takes ``ctx`` can read its inbox (``ctx.inbox()``); one named by a binding
+        is known only when the node starts, so it is not refused."""
+        name = raw_input.get("function") if isinstance(raw_input, dict) else None
+        if not isinstance(name, str) or "{{" in name:
+            return True
+        fn = registry.functions.get(name)
+        return fn is None or (type(fn) is not Blocking and _per_function(_WANTS_CTX, fn, takes_ctx))
+
     def check(self, raw_input: dict[str, Any], path: str, problems: list[Problem]) -> None:
         if not isinstance(raw_input.get("function"), str):
             problems.append(Problem(f"{path}.function", "python needs the registered `function` name"))

@@ -218,6 +218,7 @@ class Stubborn:
     """A node type that waits and ignores every message (a plugin could be written so)."""
 
     name = "stubborn"
+    takes_messages = True  # it reads them; none satisfies it
 
     async def run(self, ctx: Any) -> Any:
         return WaitFor(prompt="never satisfied")

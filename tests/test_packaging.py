@@ -97,7 +97,7 @@ def _expected_files() -> set[str]:
                           and (ROOT / f) in path.parents), None)
             if inner is not None or "__pycache__" in relative.parts or not path.is_file():
                 continue
-            web_ui = package == "flowkernel" and relative.parts[:2] == ("server", "static")
+            web_ui = package == "flowkernel" and relative.parts[:2] in (("server", "static"), ("server", "apidocs"))
             if path.suffix == ".py" or path.name == "py.typed" or web_ui or (
                     package.startswith("flowkernel.examples.") and path.suffix == ".json"):
                 expected.add(f"{prefix}/{relative.as_posix()}")
@@ -114,6 +114,7 @@ def test_the_wheel_holds_one_import_package_with_every_module(installed: Install
     assert "flowkernel/examples/flows/review-loop.json" in files
     assert "flowkernel/examples/fixtures/review-loop/planner.json" in files
     assert {"flowkernel/server/static/index.html", "flowkernel/server/static/app.js"} <= files
+    assert {"flowkernel/server/apidocs/swagger-ui-bundle.js", "flowkernel/server/apidocs/LICENSE"} <= files
     assert not [n for n in files if "/tests/" in n or n.endswith(".pyc")]
 
 

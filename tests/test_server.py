@@ -468,7 +468,7 @@ def test_flows_are_listed_from_the_flows_folders_and_validated(tmp_path: Path) -
     (folder / "hello.json").write_text(HELLO.read_text())
     (folder / "broken.json").write_text('{"name": "broken", "nodes": [{"id": "a", "type": "nope"}]}')
     with serving(str(tmp_path / "runs.db"), ServerConfig(flows=[folder])) as live, live.client() as http:
-        listed = http.get("/api/v1/flows").json()
+        listed = http.get("/api/v1/flows").json()["items"]
         assert [f["name"] for f in listed] == ["hello"]
         assert listed[0]["inputs"]["required"] == ["name"]
         assert http.get("/api/v1/flows/hello").json()["name"] == "hello"

@@ -1,10 +1,11 @@
 """The HTTP API of flowkernel (DESIGN §10): a thin FastAPI face over ``flowkernel.api.Kernel``.
 
 One module per job: ``app`` builds the application, ``problems`` turns errors into RFC 9457
-responses, ``auth`` checks the bearer token, ``limits`` caps request bodies, ``pagination`` makes
-opaque keyset cursors, ``views`` holds the response models (the OpenAPI document), ``runs``,
-``execute`` (what leaves a run to the workers), ``agents`` and ``flows`` are the routes, ``feed`` and
-``stream`` serve events as they are committed.
+responses, ``auth`` checks the bearer token, ``limits`` caps request bodies, ``headers`` adds the
+headers every answer carries, ``pagination`` makes signed keyset cursors, ``views`` holds the request
+and response models, ``document`` makes the OpenAPI document exact and ``docs_page`` serves it and
+its offline docs page (``apidocs/``), ``runs``, ``execute`` (what leaves a run to the workers),
+``agents`` and ``flows`` are the routes, ``feed`` and ``stream`` serve events as they are committed.
 """
 
 from __future__ import annotations

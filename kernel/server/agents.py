@@ -10,10 +10,20 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import msgspec
-from fastapi import APIRouter, Query, Request, Response
+from fastapi import APIRouter, Path, Query, Request, Response
 from flowkernel.agent_runs import STATUSES
 from flowkernel.history import Page
-from flowkernel.server.pagination import DEFAULT_LIMIT, MAX_LIMIT, decode_cursor, encode_cursor
+from flowkernel.server.document import problems
+from flowkernel.server.pagination import (
+    DEFAULT_LIMIT,
+    MAX_INT,
+    MAX_LIMIT,
+    AgentRunsCursor,
+    Cursors,
+    MessagesCursor,
+    ToolCallsCursor,
+    cursors_of,
+)
 from flowkernel.server.problems import ApiProblem
 from flowkernel.server.runs import json_response, kernel_of
 from flowkernel.server.views import AgentRun, AgentRunDetail, Message, ToolCall
@@ -21,7 +31,8 @@ from flowkernel.server.views import Page as PageView
 
 router = APIRouter(tags=["agents"])
 
-Limit = Annotated[int, Query(ge=1, le=MAX_LIMIT)]
+Limit = Annotated[int, Query(ge=1, le=MAX_LIMIT, description=f"items per page (at most {MAX_LIMIT})")]
+RowId = Annotated[int, Path(ge=1, le=MAX_INT)]
 ToolStatus = Annotated[str | None, Query(pattern="^(completed|error)$", description="completed | error")]
 AgentStatus = Annotated[str | None, Query(pattern=f"^({'|'.join(STATUSES)})$", description=" | ".join(STATUSES))]
 # The listing's fields; the detail adds model, summary and usage.
@@ -42,9 +53,9 @@ def tool_call_view(row: dict[str, Any]) -> dict[str, Any]:
             "durationMs": row["durationMs"], "step": row["step"], "createdAt": row["createdAt"]}
 
 
-def _page(page: Page, kind: str, view: Any) -> Response:
+def _page(cursors: Cursors, page: Page, kind: str, view: Any) -> Response:
     return json_response({"items": [view(r) for r in page["items"]],
-                          "nextCursor": encode_cursor(kind, page["nextCursor"])})
+                          "nextCursor": cursors.encode(kind, page["nextCursor"])})
 
 
 def agent_run_view(row: Any, *, detail: bool = False) -> dict[str, Any]:
@@ -79,18 +90,20 @@ ForkRun = Annotated[str | None, Query(description="the run whose agent run it is
 
 # -- agent runs -------------------------------------------------------------------------------
 
-@router.get("/agent-runs", response_model=PageView[AgentRun], summary="List agent runs, newest first")
+@router.get("/agent-runs", response_model=PageView[AgentRun], summary="List agent runs, newest first",
+            responses=problems(400))
 def list_agent_runs(request: Request, status: AgentStatus = None, agentId: str | None = None,
                     runId: str | None = None, parentRunId: str | None = None, limit: Limit = DEFAULT_LIMIT,
-                    cursor: str | None = None) -> Response:
+                    cursor: AgentRunsCursor = None) -> Response:
+    cursors = cursors_of(request)
     rows, last = kernel_of(request).agent_run_page(run_id=runId, status=status, agent_id=agentId,
                                                    parent_run_id=parentRunId,
-                                                   before=decode_cursor("agent-runs", cursor), limit=limit)
-    return json_response({"items": [agent_run_view(r) for r in rows], "nextCursor": encode_cursor("agent-runs", last)})
+                                                   before=cursors.decode("agent-runs", cursor), limit=limit)
+    return json_response({"items": [agent_run_view(r) for r in rows], "nextCursor": cursors.encode("agent-runs", last)})
 
 
 @router.get("/agent-runs/{agentRunId}", response_model=AgentRunDetail,
-            summary="One agent run: steps, usage, cost, final text")
+            summary="One agent run: steps, usage, cost, final text", responses=problems(404))
 def get_agent_run(request: Request, agentRunId: str, runId: ForkRun = None) -> Response:
     found = kernel_of(request).agent_run(agentRunId, runId)
     if found is None:
@@ -100,41 +113,47 @@ def get_agent_run(request: Request, agentRunId: str, runId: ForkRun = None) -> R
 
 # -- a run's agents ---------------------------------------------------------------------------
 
-@router.get("/runs/{runId}/messages", response_model=PageView[Message], summary="The stored agent messages of a run")
+@router.get("/runs/{runId}/messages", response_model=PageView[Message], summary="The stored agent messages of a run",
+            responses=problems(400, 404))
 def run_messages(request: Request, runId: str, nodeId: str | None = None, agentRunId: str | None = None,
-                 limit: Limit = DEFAULT_LIMIT, cursor: str | None = None) -> Response:
+                 limit: Limit = DEFAULT_LIMIT, cursor: MessagesCursor = None) -> Response:
     kernel = kernel_of(request)
     kernel.store.get_run(runId)
+    cursors = cursors_of(request)
     page = kernel.messages(flow_run_id=runId, run_id=agentRunId, node_id=nodeId,
-                           after=decode_cursor("messages", cursor) or 0, limit=limit)
-    return _page(page, "messages", message_view)
+                           after=cursors.decode("messages", cursor) or 0, limit=limit)
+    return _page(cursors, page, "messages", message_view)
 
 
-@router.get("/runs/{runId}/tool-calls", response_model=PageView[ToolCall], summary="The stored tool calls of a run")
+@router.get("/runs/{runId}/tool-calls", response_model=PageView[ToolCall], summary="The stored tool calls of a run",
+            responses=problems(400, 404))
 def run_tool_calls(request: Request, runId: str, nodeId: str | None = None, agentRunId: str | None = None,
                    toolName: str | None = None, status: ToolStatus = None, limit: Limit = DEFAULT_LIMIT,
-                   cursor: str | None = None) -> Response:
+                   cursor: ToolCallsCursor = None) -> Response:
     kernel = kernel_of(request)
     kernel.store.get_run(runId)
+    cursors = cursors_of(request)
     page = kernel.tool_calls(flow_run_id=runId, run_id=agentRunId, node_id=nodeId, tool_name=toolName, status=status,
-                             after=decode_cursor("tool-calls", cursor) or 0, limit=limit)
-    return _page(page, "tool-calls", tool_call_view)
+                             after=cursors.decode("tool-calls", cursor) or 0, limit=limit)
+    return _page(cursors, page, "tool-calls", tool_call_view)
 
 
 # -- one agent run ----------------------------------------------------------------------------
 
 @router.get("/agent-runs/{agentRunId}/messages", response_model=PageView[Message],
-            summary="An agent run's messages, ordered by step")
+            summary="An agent run's messages, ordered by step", responses=problems(400, 404))
 def agent_messages(request: Request, agentRunId: str, runId: ForkRun = None, limit: Limit = DEFAULT_LIMIT,
-                   cursor: str | None = None) -> Response:
+                   cursor: MessagesCursor = None) -> Response:
     holder = _agent_run_of(request, agentRunId, runId)
+    cursors = cursors_of(request)
     page = kernel_of(request).messages(run_id=agentRunId, flow_run_id=holder,
-                                       after=decode_cursor("messages", cursor) or 0, limit=limit)
-    return _page(page, "messages", message_view)
+                                       after=cursors.decode("messages", cursor) or 0, limit=limit)
+    return _page(cursors, page, "messages", message_view)
 
 
-@router.get("/agent-runs/{agentRunId}/messages/{messageId}", response_model=Message, summary="One stored message")
-def agent_message(request: Request, agentRunId: str, messageId: int, runId: ForkRun = None) -> Response:
+@router.get("/agent-runs/{agentRunId}/messages/{messageId}", response_model=Message, summary="One stored message",
+            responses=problems(400, 404))
+def agent_message(request: Request, agentRunId: str, messageId: RowId, runId: ForkRun = None) -> Response:
     holder = _agent_run_of(request, agentRunId, runId)
     rows = kernel_of(request).store.list_agent_messages(run_id=agentRunId, flow_run_id=holder, after=messageId - 1,
                                                         limit=1)
@@ -144,17 +163,20 @@ def agent_message(request: Request, agentRunId: str, messageId: int, runId: Fork
 
 
 @router.get("/agent-runs/{agentRunId}/tool-calls", response_model=PageView[ToolCall],
-            summary="An agent run's tool calls")
+            summary="An agent run's tool calls", responses=problems(400, 404))
 def agent_tool_calls(request: Request, agentRunId: str, runId: ForkRun = None, toolName: str | None = None,
-                     status: ToolStatus = None, limit: Limit = DEFAULT_LIMIT, cursor: str | None = None) -> Response:
+                     status: ToolStatus = None, limit: Limit = DEFAULT_LIMIT,
+                     cursor: ToolCallsCursor = None) -> Response:
     holder = _agent_run_of(request, agentRunId, runId)
+    cursors = cursors_of(request)
     page = kernel_of(request).tool_calls(run_id=agentRunId, flow_run_id=holder, tool_name=toolName, status=status,
-                                         after=decode_cursor("tool-calls", cursor) or 0, limit=limit)
-    return _page(page, "tool-calls", tool_call_view)
+                                         after=cursors.decode("tool-calls", cursor) or 0, limit=limit)
+    return _page(cursors, page, "tool-calls", tool_call_view)
 
 
-@router.get("/agent-runs/{agentRunId}/tool-calls/{toolCallId}", response_model=ToolCall, summary="One tool call")
-def agent_tool_call(request: Request, agentRunId: str, toolCallId: int, runId: ForkRun = None) -> Response:
+@router.get("/agent-runs/{agentRunId}/tool-calls/{toolCallId}", response_model=ToolCall, summary="One tool call",
+            responses=problems(400, 404))
+def agent_tool_call(request: Request, agentRunId: str, toolCallId: RowId, runId: ForkRun = None) -> Response:
     holder = _agent_run_of(request, agentRunId, runId)
     rows = kernel_of(request).store.list_tool_calls(run_id=agentRunId, flow_run_id=holder, after=toolCallId - 1,
                                                     limit=1)

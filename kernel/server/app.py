@@ -21,14 +21,15 @@ from fastapi import APIRouter, Depends, FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from flowkernel.api import Kernel
 from flowkernel.catalog import FlowCatalog
-from flowkernel.server import agents, execute, flows, problems, runs, stream, webui
+from flowkernel.server import agents, docs_page, execute, flows, problems, runs, stream, webui
 from flowkernel.server.access import AccessLog
 from flowkernel.server.auth import token_check
 from flowkernel.server.crosssite import CrossSiteGuard, cors_origin
 from flowkernel.server.feed import Feed
+from flowkernel.server.headers import SecurityHeaders
 from flowkernel.server.hosts import HostCheck, allowed_host
 from flowkernel.server.limits import MAX_BODY_BYTES, BodyLimit
-from flowkernel.server.views import Health, Problem
+from flowkernel.server.views import Health
 
 PREFIX = "/api/v1"
 
@@ -75,16 +76,17 @@ def create_app(kernel: Kernel, config: ServerConfig | None = None, *, feed_store
             yield
             tg.cancel_scope.cancel()
 
-    app = FastAPI(title="flowkernel", version=flowkernel_version(), openapi_url=f"{PREFIX}/openapi.json",
-                  docs_url=f"{PREFIX}/docs", redoc_url=None, lifespan=lifespan,
+    # The document and its docs page are routes of their own (docs_page): the document behind the token.
+    app = FastAPI(title="flowkernel", version=flowkernel_version(), openapi_url=None, docs_url=None,
+                  redoc_url=None, lifespan=lifespan,
                   description="Runs of JSON agent workflows: start, inspect, command and follow them. "
-                              "Errors are application/problem+json (RFC 9457).",
-                  responses={400: {"model": Problem}, 401: {"model": Problem}, 404: {"model": Problem},
-                             413: {"model": Problem}, 422: {"model": Problem}, 500: {"model": Problem}})
+                              "Errors are application/problem+json (RFC 9457).")
     app.state.kernel = kernel
     app.state.config = config
+    app.state.open_paths = frozenset({f"{PREFIX}/health"})
     app.state.feed = feed
     app.state.catalog = FlowCatalog(config.flows, kernel.registry.node_types)
+    app.state.private_paths = problems.PrivatePaths(config.flows, kernel.store.location)
     problems.install(app)
 
     @app.get(f"{PREFIX}/health", response_model=Health, tags=["server"])
@@ -98,10 +100,12 @@ def create_app(kernel: Kernel, config: ServerConfig | None = None, *, feed_store
     guarded.include_router(stream.router)
     guarded.include_router(agents.router)
     guarded.include_router(flows.router)
+    docs_page.add_document(guarded)
     app.include_router(guarded)
+    docs_page.mount(app, PREFIX)
 
-    # Each middleware added wraps the ones before it: the access log comes first, then the Host
-    # check, the body limit (before anything reads a body), CORS (so a listed origin can read a
+    # Each middleware added wraps the ones before it: the access log comes first, then the security
+    # headers, the Host check, the body limit (before anything reads a body), CORS (so a listed origin can read a
     # refusal), and the cross-site guard of state-changing requests.
     origins = [cors_origin(o) for o in config.cors_origins]
     app.add_middleware(CrossSiteGuard, prefix=PREFIX, origins=origins)
@@ -115,6 +119,7 @@ def create_app(kernel: Kernel, config: ServerConfig | None = None, *, feed_store
     # protects, and the names are checked only if the operator named some.
     if config.token is None or config.allowed_hosts:
         app.add_middleware(HostCheck, allowed=[allowed_host(h) for h in config.allowed_hosts])
+    app.add_middleware(SecurityHeaders)  # on every answer, the Host check's 421 and the body limit's 413 too
     app.add_middleware(AccessLog)  # outermost: every request is logged, those refused early too
     webui.mount(app)
     return app

@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 
 from flowkernel.server.problems import problem
 from starlette.datastructures import Headers
+from starlette.routing import Match, Mount
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
@@ -53,6 +54,14 @@ def is_json(content_type: str | None) -> bool:
     return content_type is not None and content_type.split(";", 1)[0].strip().lower() == "application/json"
 
 
+def _routed(scope: Scope) -> bool:
+    """Whether one of the app's routes takes this method at this path: a request none takes changes
+    nothing, and is answered as unknown (404) or with the methods the path takes (405)."""
+    app = scope.get("app")
+    routes = getattr(app, "routes", None) or ()
+    return any(not isinstance(route, Mount) and route.matches(scope)[0] is Match.FULL for route in routes)
+
+
 class CrossSiteGuard:
     """ASGI middleware for the API's state-changing requests: 403 from a foreign origin, 415 without JSON."""
 
@@ -84,7 +93,7 @@ class CrossSiteGuard:
                 or not (path == self.prefix or path.startswith(self.prefix + "/"))):
             await self.app(scope, receive, send)
             return
-        refused = self.refusal(scope)
+        refused = self.refusal(scope) if _routed(scope) else None  # else routing answers 404 or 405
         if refused is None:
             await self.app(scope, receive, send)
             return

@@ -16,6 +16,7 @@ from fastapi import APIRouter, Query, Request, Response
 from flowkernel.api import Kernel
 from flowkernel.compiler import CompiledFlow
 from flowkernel.errors import FlowValidationError, StoreError
+from flowkernel.server.document import problems
 from flowkernel.server.feed import Feed
 from flowkernel.server.problems import ApiProblem
 from flowkernel.server.runs import json_response, kernel_of
@@ -89,7 +90,8 @@ async def wait_until_stopped(request: Request, run_id: str, wait_s: float) -> No
 
 @router.post("/runs", status_code=201, response_model=RunSummary, summary="Start a run (queued for a worker)",
              responses={200: {"model": RunSummary, "description": "the run this idempotencyKey made before"},
-                        201: {"headers": {"Location": {"description": "the run's URL", "schema": {"type": "string"}}}}})
+                        201: {"headers": {"Location": {"description": "the run's URL", "schema": {"type": "string"}}}},
+                        **problems(400, 422)})
 async def create_run(request: Request, body: CreateRun, wait: Wait = None) -> Response:
     kernel = kernel_of(request)
     flow = _flow_of(request, body)
@@ -99,6 +101,10 @@ async def create_run(request: Request, body: CreateRun, wait: Wait = None) -> Re
     summary = await anyio.to_thread.run_sync(kernel.summary, run_id)
     return json_response(summary, status=201 if new else 200,
                          headers={"Location": f"{request.url.path}/{run_id}"})
+
+
+# 409 also for a run a `flowkernel run` process started (not the workers'); 422 a flowDocument it cannot take.
+_CONTINUE_RESPONSES = problems(400, 404, 409, 422)
 
 
 def _to_pool(kernel: Kernel, run_id: str, kind: str, body: Resume | Retry | None) -> int:
@@ -125,7 +131,7 @@ def _to_pool(kernel: Kernel, run_id: str, kind: str, body: Resume | Retry | None
     return snap.seq - (2 if snap.flowHash != record.flowHash else 1)
 
 
-@router.post("/runs/{runId}/resume", status_code=202, response_model=Accepted,
+@router.post("/runs/{runId}/resume", status_code=202, response_model=Accepted, responses=_CONTINUE_RESPONSES,
              summary="Continue a paused, failed or interrupted run (a worker executes it)")
 async def resume(request: Request, runId: str, body: Resume | None = None) -> Response:
     kernel = kernel_of(request)
@@ -133,7 +139,7 @@ async def resume(request: Request, runId: str, body: Resume | None = None) -> Re
     return json_response({"accepted": True, "seq": seq}, status=202)
 
 
-@router.post("/runs/{runId}/retry", status_code=202, response_model=Accepted,
+@router.post("/runs/{runId}/retry", status_code=202, response_model=Accepted, responses=_CONTINUE_RESPONSES,
              summary="Run the failed nodes of a failed run again (a worker executes it)")
 async def retry(request: Request, runId: str, body: Retry | None = None) -> Response:
     kernel = kernel_of(request)

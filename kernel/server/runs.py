@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import typing
 from typing import Annotated, Any
 
@@ -12,7 +13,15 @@ from fastapi import APIRouter, Query, Request, Response
 from flowkernel.api import Kernel
 from flowkernel.commands import Command
 from flowkernel.events import Event
-from flowkernel.server.pagination import DEFAULT_LIMIT, MAX_LIMIT, decode_cursor, encode_cursor
+from flowkernel.server.document import problems
+from flowkernel.server.pagination import (
+    DEFAULT_LIMIT,
+    MAX_INT,
+    MAX_LIMIT,
+    EventsCursor,
+    RunsCursor,
+    cursors_of,
+)
 from flowkernel.server.problems import ApiProblem
 from flowkernel.server.views import Abort, Accepted, Page, Pause, Reply, RunDetail, RunSummary, Send
 from flowkernel.server.views import Event as EventView
@@ -23,8 +32,9 @@ router = APIRouter(tags=["runs"])
 # executor died); "running" then lists only those executing (Kernel.run_records, as `flowkernel runs`).
 STATUSES = ("queued", "running", "interrupted", "paused", "waiting", "completed", "failed", "aborted")
 EVENT_TYPES = frozenset(str(t.__struct_config__.tag) for t in typing.get_args(Event))
+_ONE_TYPE = "(" + "|".join(re.escape(t) for t in sorted(EVENT_TYPES)) + ")"
+TYPES_PATTERN = f"^{_ONE_TYPE}(,{_ONE_TYPE})*$"  # what `types` takes, exactly as list_events checks it
 Limit = Annotated[int, Query(ge=1, le=MAX_LIMIT, description=f"items per page (at most {MAX_LIMIT})")]
-Cursor = Annotated[str | None, Query(description="the nextCursor of the previous page")]
 _encode = msgspec.json.Encoder().encode
 
 
@@ -42,21 +52,23 @@ def _page_body(items: list[bytes], cursor: str | None) -> bytes:
     return b'{"items":[' + b",".join(items) + b'],"nextCursor":' + _encode(cursor) + b"}"
 
 
-@router.get("/runs", response_model=Page[RunSummary], summary="List runs, newest first")
-def list_runs(request: Request, status: Annotated[str | None, Query(description=", ".join(STATUSES))] = None,
+@router.get("/runs", response_model=Page[RunSummary], summary="List runs, newest first", responses=problems(400))
+def list_runs(request: Request, status: Annotated[str | None, Query(json_schema_extra={"enum": list(STATUSES)})] = None,
               flow: str | None = None, parentRunId: str | None = None, limit: Limit = DEFAULT_LIMIT,
-              cursor: Cursor = None) -> Response:
+              cursor: RunsCursor = None) -> Response:
     if status is not None and status not in STATUSES:
         raise ApiProblem(400, f"status: {status!r} is not a run status; use one of {', '.join(STATUSES)}",
                          errors=[("status", "unknown status")], kind="invalid-parameter")
+    cursors = cursors_of(request)
     items, last = kernel_of(request).run_page(status=status, flow=flow, parent=parentRunId,
-                                              before=decode_cursor("runs", cursor), limit=limit)
-    return json_response({"items": items, "nextCursor": encode_cursor("runs", last)})
+                                              before=cursors.decode("runs", cursor), limit=limit)
+    return json_response({"items": items, "nextCursor": cursors.encode("runs", last)})
 
 
-@router.get("/runs/{runId}", response_model=RunDetail, summary="A run: summary, snapshot and child runs")
+@router.get("/runs/{runId}", response_model=RunDetail, summary="A run: summary, snapshot and child runs",
+            responses=problems(400, 404))
 def get_run(request: Request, runId: str,
-            at: Annotated[int | None, Query(ge=1, description="the snapshot right after event SEQ")] = None
+            at: Annotated[int | None, Query(ge=1, le=MAX_INT, description="the snapshot right after event SEQ")] = None
             ) -> Response:
     kernel = kernel_of(request)
     if at is not None and at > kernel.store.get_run(runId).seq:
@@ -65,22 +77,27 @@ def get_run(request: Request, runId: str,
     return json_response(kernel.detail(runId, at=at))
 
 
-@router.get("/runs/{runId}/events", response_model=Page[EventView], summary="A run's stored events, in order")
+@router.get("/runs/{runId}/events", response_model=Page[EventView], summary="A run's stored events, in order",
+            responses=problems(400, 404))
 def list_events(request: Request, runId: str,
-                after: Annotated[int, Query(ge=0, description="only events after this seq")] = 0,
-                types: Annotated[str | None, Query(description="comma-separated event types")] = None,
-                limit: Limit = DEFAULT_LIMIT, cursor: Cursor = None) -> Response:
+                after: Annotated[int, Query(ge=0, le=MAX_INT, description="only events after this seq")] = 0,
+                types: Annotated[str | None, Query(description="comma-separated event types",
+                                                   json_schema_extra={"pattern": TYPES_PATTERN})] = None,
+                limit: Limit = DEFAULT_LIMIT, cursor: EventsCursor = None) -> Response:
     wanted = None
     if types is not None:
-        wanted = frozenset(t.strip() for t in types.split(",") if t.strip())
-        unknown = sorted(wanted - EVENT_TYPES)
-        if unknown or not wanted:
-            raise ApiProblem(400, f"types: unknown event type {', '.join(unknown) or '(none given)'}",
+        given = types.split(",")
+        unknown = sorted(set(given) - EVENT_TYPES)
+        if unknown:
+            raise ApiProblem(400, f"types: unknown event type {', '.join(repr(t) for t in unknown)}; give event "
+                                  "types separated by commas (flow:start,node:complete)",
                              errors=[("types", "unknown event type")], kind="invalid-parameter")
-    start = decode_cursor("events", cursor)
+        wanted = frozenset(given)
+    cursors = cursors_of(request)
+    start = cursors.decode("events", cursor)
     bodies, last = kernel_of(request).event_page(runId, after=after if start is None else start, types=wanted,
                                                  limit=limit)
-    return Response(_page_body(bodies, encode_cursor("events", last)), media_type="application/json")
+    return Response(_page_body(bodies, cursors.encode("events", last)), media_type="application/json")
 
 
 # -- commands -----------------------------------------------------------------------------------
@@ -107,7 +124,8 @@ async def _command(request: Request, run_id: str, cmd: Command) -> Response:
     return json_response({"accepted": True, "seq": seq}, status=202)
 
 
-_COMMAND_RESPONSES: dict[int | str, dict[str, Any]] = {202: {"model": Accepted}}
+# A command is refused because of the run's state (409) or because it is wrong (422); either is recorded.
+_COMMAND_RESPONSES: dict[int | str, dict[str, Any]] = {202: {"model": Accepted}, **problems(400, 404, 409, 422)}
 
 
 @router.post("/runs/{runId}/send", status_code=202, response_model=Accepted, responses=_COMMAND_RESPONSES,
@@ -116,17 +134,20 @@ async def send(request: Request, runId: str, body: Send) -> Response:
     return await _command(request, runId, Command(kind="send", target=body.to, content=body.message))
 
 
-@router.post("/runs/{runId}/reply", status_code=202, response_model=Accepted, summary="Answer a waiting node run")
+@router.post("/runs/{runId}/reply", status_code=202, response_model=Accepted, responses=_COMMAND_RESPONSES,
+             summary="Answer a waiting node run")
 async def reply(request: Request, runId: str, body: Reply) -> Response:
     return await _command(request, runId, Command(kind="reply", target=body.to, content=body.content))
 
 
-@router.post("/runs/{runId}/pause", status_code=202, response_model=Accepted, summary="Pause a running run")
+@router.post("/runs/{runId}/pause", status_code=202, response_model=Accepted, responses=_COMMAND_RESPONSES,
+             summary="Pause a running run")
 async def pause(request: Request, runId: str, body: Pause | None = None) -> Response:
     return await _command(request, runId, Command(kind="pause", reason=body.reason if body else None))
 
 
-@router.post("/runs/{runId}/abort", status_code=202, response_model=Accepted, summary="Abort a run for good")
+@router.post("/runs/{runId}/abort", status_code=202, response_model=Accepted, responses=_COMMAND_RESPONSES,
+             summary="Abort a run for good")
 async def abort(request: Request, runId: str, body: Abort | None = None) -> Response:
     return await _command(request, runId, Command(kind="abort", reason=body.reason if body else None))
 

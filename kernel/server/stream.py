@@ -13,13 +13,16 @@ one, its stream stays open after its last event and carries on if it does.
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
 from typing import Annotated
 
 import anyio.to_thread
 from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import StreamingResponse
+from flowkernel.server.document import problems
 from flowkernel.server.feed import Feed
+from flowkernel.server.pagination import MAX_INT
 from flowkernel.server.problems import ApiProblem
 from flowkernel.server.runs import kernel_of
 
@@ -27,6 +30,8 @@ router = APIRouter(tags=["runs"])
 
 KEEPALIVE = b": keepalive\n\n"
 FINISHED = ("completed", "aborted")  # statuses no command continues
+SEQ_PATTERN = r"^\s*[0-9]{1,16}\s*$"
+_SEQ = re.compile(r"[0-9]{1,16}")
 
 
 def frame(seq: int, body: bytes) -> bytes:
@@ -36,18 +41,23 @@ def frame(seq: int, body: bytes) -> bytes:
 
 @router.get("/runs/{runId}/stream", summary="Follow a run's events as Server-Sent Events",
             response_class=StreamingResponse,
-            responses={200: {"content": {"text/event-stream": {}},
+            responses={200: {"content": {"text/event-stream": {"schema": {"type": "string"}}},
                              "description": "id: <seq>, event: <type>, data: <event JSON>, per event"},
                        204: {"description": "the run is completed or aborted and has no event after the one "
-                                            "asked for: nothing more will come"}})
+                                            "asked for: nothing more will come"},
+                       **problems(400, 404)})
 async def stream(request: Request, runId: str,
-                 after: Annotated[int | None, Query(ge=0, description="start after this seq")] = None,
-                 last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None) -> Response:
+                 after: Annotated[int | None, Query(ge=0, le=MAX_INT, description="start after this seq")] = None,
+                 last_event_id: Annotated[str | None, Header(
+                     alias="Last-Event-ID", pattern=SEQ_PATTERN,
+                     description="the `id:` of the last event received (a browser's EventSource sends it when it "
+                                 "reconnects); wins over `after`")] = None) -> Response:
     kernel = kernel_of(request)
     record = await anyio.to_thread.run_sync(kernel.store.get_run, runId)  # 404 before the stream starts
     start = after or 0
     if last_event_id is not None:
-        if not last_event_id.strip().isdigit():
+        # ASCII digits only: str.isdigit() also takes "²", which int() refuses.
+        if _SEQ.fullmatch(last_event_id.strip()) is None or int(last_event_id) > MAX_INT:
             raise ApiProblem(400, "Last-Event-ID: must be the seq of an event (an `id:` this stream sent)",
                              errors=[("Last-Event-ID", "not a seq")], kind="invalid-parameter")
         start = int(last_event_id)

@@ -17,12 +17,19 @@ class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class ProblemItem(BaseModel):
+    path: str = Field(description="where: a JSON path into the body (`$.input.name`) or a parameter's name")
+    message: str
+
+
 class Problem(BaseModel):
-    type: str
+    """An error (RFC 9457, ``application/problem+json``)."""
+
+    type: str = Field(description="a URI naming the kind of problem, e.g. …/problems/unknown-run")
     title: str
     status: int
-    detail: str
-    errors: list[dict[str, str]] | None = Field(None, description="each problem with its JSON path")
+    detail: str = Field(description="what is wrong and what to do, in one line")
+    errors: list[ProblemItem] | None = Field(None, description="each problem with where it is")
 
 
 class Health(BaseModel):
@@ -66,10 +73,17 @@ class RunInfo(RunSummary):
                                             "started is not theirs (409 `not-pooled`): continue it with the CLI")
 
 
+class NodeInfo(BaseModel):
+    type: str
+    takesMessages: bool = Field(description="whether `send` reaches it (its type reads messages); a send to a "
+                                            "node run of a node that does not is refused (409)")
+
+
 class RunDetail(BaseModel):
     run: RunInfo
     snapshot: dict[str, Any] = Field(description="the RunSnapshot (DESIGN §5)")
     children: list[RunSummary]
+    nodes: dict[str, NodeInfo] = Field(description="the nodes of the flow the snapshot follows, by id")
 
 
 class Page(BaseModel, Generic[T]):
@@ -93,11 +107,40 @@ class FlowInfo(BaseModel):
     inputs: dict[str, Any] | None
 
 
+# What the server checks of a flow document before anything else (the rest, every problem with its JSON
+# path, is the 422 of validation): `flowkernel schema` prints the whole JSON Schema of flow files.
+FLOW_DOCUMENT: dict[str, Any] = {
+    "type": "object", "required": ["name", "nodes"],
+    "properties": {"name": {"type": "string"}, "nodes": {"type": "array"}, "edges": {"type": "array"}},
+    "description": "a flow document, as in a flow file (`flowkernel schema` prints its JSON Schema)"}
+
+
+def _exactly_one_flow(schema: dict[str, Any]) -> None:
+    """``flow`` or ``flowDocument``, exactly one of them not null (as ``POST /runs`` checks)."""
+    schema["properties"]["flowDocument"] = {"anyOf": [FLOW_DOCUMENT, {"type": "null"}],
+                                            "description": "a whole flow document"}
+    schema["oneOf"] = [
+        {"required": ["flow"], "properties": {"flow": {"type": "string"}, "flowDocument": {"type": "null"}}},
+        {"required": ["flowDocument"], "properties": {"flowDocument": {"type": "object"}, "flow": {"type": "null"}}}]
+
+
+def _flow_update(schema: dict[str, Any]) -> None:
+    schema["properties"]["flowDocument"] = {"anyOf": [FLOW_DOCUMENT, {"type": "null"}], "description": _UPDATE}
+
+
 class CreateRun(_Body):
-    flow: str | None = Field(None, description="the name of a flow in the server's --flows folders")
+    """``flow`` (a name) or ``flowDocument``, not both; ``input`` must satisfy that flow's ``inputs``."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_exactly_one_flow)
+    flow: str | None = Field(None, min_length=1,
+                             description="the name of a flow in the server's --flows folders (GET /flows)")
     flowDocument: dict[str, Any] | None = Field(None, description="a whole flow document")
-    input: Any = None
+    input: Any = Field(None, description="the run's input: what the flow's `inputs` schema asks for")
     idempotencyKey: str | None = Field(None, min_length=1, max_length=200)
+
+
+class Valid(BaseModel):
+    valid: Literal[True]
 
 
 _UPDATE = ("continue on this flow document instead of the run's own (`resume`/`retry --flow`): every node "
@@ -105,6 +148,7 @@ _UPDATE = ("continue on this flow document instead of the run's own (`resume`/`r
 
 
 class Resume(_Body):
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_flow_update)
     message: str | None = Field(None, description='delivered to every interrupted node run (default "continue")')
     budget: float | None = Field(None, gt=0, allow_inf_nan=False, description=(
         "the new limit in US dollars for what paused the run for its budget (a node's policy.maxCostUsd, "
@@ -113,6 +157,7 @@ class Resume(_Body):
 
 
 class Retry(_Body):
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_flow_update)
     message: str | None = Field(None, description="delivered to every interrupted node run")
     flowDocument: dict[str, Any] | None = Field(None, description=_UPDATE)
 

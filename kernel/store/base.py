@@ -162,6 +162,12 @@ class Store(Protocol):
 
     location: str
 
+    # the store's own secrets
+    def secret(self, name: str) -> bytes:
+        """The store's secret called ``name`` (32 random bytes), made and kept on first use: the same for
+        every process on the store, unknown to anyone without access to it."""
+        ...
+
     # flows and runs
     def put_flow(self, flow_hash: str, name: str, document: str) -> None: ...
     def get_flow(self, flow_hash: str) -> str: ...

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import secrets
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -45,6 +46,11 @@ class MemoryStore:
         self._tool_calls: list[dict[str, Any]] = []
         self._workers: dict[str, WorkerRecord] = {}
         self._agent_runs: dict[tuple[str, str], tuple[int, AgentRun]] = {}  # (run, node run) -> (key, row)
+        self._secrets: dict[str, bytes] = {}
+
+    def secret(self, name: str) -> bytes:
+        with self._lock:
+            return self._secrets.setdefault(name, secrets.token_bytes(32))
 
     def put_flow(self, flow_hash: str, name: str, document: str) -> None:
         self._flows.setdefault(flow_hash, document)

@@ -11,6 +11,7 @@ the connection, ``_tx``/``_query`` (driver errors become ``StoreError``), how a 
 from __future__ import annotations
 
 import json
+import secrets
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
@@ -35,14 +36,15 @@ from flowkernel.store.base import (
 )
 from flowkernel.store.sql_archive import RUN_SPAN, SqlArchive
 
-SCHEMA_VERSION = 10  # 2: content-addressed checkpoint blobs; 3: events keyed by run number and seq;
+SCHEMA_VERSION = 11  # 2: content-addressed checkpoint blobs; 3: events keyed by run number and seq;
 # 4: an event row is its key, its time and its body (the rest was in the body already);
 # 5: a run's usage and cost, idempotency keys, agent runs, indexes for keyset pages;
 # 6: an assistant message keeps the model call that produced it (model, id, stop reason, usage);
 # 7: a run's trace context (run_traces), so every execution of a run is in one trace;
 # 8: the queue and the workers: lease epochs (fencing), pooled runs, maxConcurrentRuns, a workers table;
 # 9: an agent run is keyed by its node run and its run (a fork copies the node runs it replays);
-# 10: a run keeps the settings it executes with (fixtures directory, plugin modules)
+# 10: a run keeps the settings it executes with (fixtures directory, plugin modules);
+# 11: a store keeps secrets of its own (the key that signs the API's page cursors)
 
 _EVENTS_PER_INSERT = 100  # rows per INSERT statement (300 parameters, far below either driver's limit)
 
@@ -120,6 +122,7 @@ SCHEMA_TEMPLATE = [
         step INTEGER NOT NULL, created_at BIGINT NOT NULL)""",
     "CREATE INDEX IF NOT EXISTS agent_tool_calls_run ON agent_tool_calls (run_id, id)",
     *_V5_INDEXES,
+    "CREATE TABLE IF NOT EXISTS secrets (name TEXT PRIMARY KEY, value TEXT NOT NULL, created_at BIGINT NOT NULL)",
 ]
 
 
@@ -181,6 +184,7 @@ def migrations(*, id: str, key: str, body: str) -> dict[int, list[str]]:
         # Nothing wrote agent_runs before version 9: the old unique index goes, SCHEMA makes the new one.
         8: ["DROP INDEX IF EXISTS agent_runs_key"],
         9: ["ALTER TABLE runs ADD COLUMN settings TEXT"],
+        10: [],  # version 11 only added the secrets table, which SCHEMA creates if missing
     }
 
 
@@ -267,6 +271,9 @@ class SqlStore(SqlArchive, ABC):
     _sql_insert_flow: ClassVar[str] = ("INSERT INTO flows (hash, name, document, created_at) VALUES (?, ?, ?, ?) "
                                        "ON CONFLICT (hash) DO NOTHING")
     _sql_get_flow: ClassVar[str] = "SELECT document FROM flows WHERE hash = ?"
+    _sql_get_secret: ClassVar[str] = "SELECT value FROM secrets WHERE name = ?"
+    _sql_insert_secret: ClassVar[str] = ("INSERT INTO secrets (name, value, created_at) VALUES (?, ?, ?) "
+                                         "ON CONFLICT (name) DO NOTHING")
     _sql_insert_run: ClassVar[str] = f"INSERT INTO runs ({_RUN_COLUMNS}) VALUES ({', '.join('?' * 26)})"
     _sql_set_settings: ClassVar[str] = "UPDATE runs SET settings = ? WHERE run_id = ?"
     _sql_set_flow: ClassVar[str] = "UPDATE runs SET flow_hash = ?, flow_source = ? WHERE run_id = ?"
@@ -406,6 +413,15 @@ class SqlStore(SqlArchive, ABC):
             return
         with self._tx() as db:
             db.execute(self._sql_insert_flow, (flow_hash, name, document, now_ms()))
+
+    def secret(self, name: str) -> bytes:
+        rows = self._query(self._sql_get_secret, (name,))
+        if not rows:
+            # Two processes at once: both insert, one row stays, and both read that one.
+            with self._tx() as db:
+                db.execute(self._sql_insert_secret, (name, secrets.token_hex(32), now_ms()))
+            rows = self._query(self._sql_get_secret, (name,))
+        return bytes.fromhex(rows[0][0])
 
     def get_flow(self, flow_hash: str) -> str:
         rows = self._query(self._sql_get_flow, (flow_hash,))

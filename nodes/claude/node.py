@@ -109,6 +109,7 @@ class ClaudeAgentNode:
     input_schema = INPUT_SCHEMA
     # On pause the model call or tool round in flight finishes and is stored; then the node stops.
     cooperative_pause = True
+    takes_messages = True  # a send is a user message at the next turn boundary
 
     def __init__(self) -> None:
         self._default_query: QueryFn | None = None

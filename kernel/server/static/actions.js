@@ -91,8 +91,10 @@ export class Actions {
     if (allowed.includes("reply")) {
       for (const [nodeId, waiting] of Object.entries(snap.waiting || {})) parts.push(this.replyCard(nodeId, waiting));
     }
-    // A waiting node run has its reply form above; send is for the ones still running.
-    const sendable = live.filter((l) => !(snap.waiting || {})[l.nodeId]);
+    // A waiting node run has its reply form above; send is for the ones still running whose node
+    // reads messages (the server refuses a send to any other).
+    const nodes = detail.nodes || {};
+    const sendable = live.filter((l) => !(snap.waiting || {})[l.nodeId] && (nodes[l.nodeId] || {}).takesMessages !== false);
     if (allowed.includes("send") && sendable.length) parts.push(this.sendForm(sendable));
     const buttons = h("div", { class: "buttons" });
     if (allowed.includes("pause")) buttons.append(this.button("Pause", "pause", () => ({})));

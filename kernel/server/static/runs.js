@@ -1,7 +1,7 @@
 // The runs list: newest first, filtered by status and flow, a page at a time (the API's keyset
 // cursors), refreshed every few seconds while the tab is visible.
 
-import { api, ApiError } from "./api.js";
+import { allItems, api, ApiError } from "./api.js";
 import { h, replaceChildren, uid } from "./dom.js";
 import { ago, cost, datetime, duration } from "./format.js";
 
@@ -102,7 +102,7 @@ export class RunsPage {
   }
 
   async start() {
-    api("/flows").then((flows) => flows.forEach((f) => this.addFlowOption(f.name))).catch(() => {});
+    allItems("/flows").then((flows) => flows.forEach((f) => this.addFlowOption(f.name))).catch(() => {});
     await this.refresh();
   }
 
