@@ -33,6 +33,7 @@ from flowkernel.errors import (
     InvalidInputError,
     KernelFault,
     LeaseLostError,
+    PatternTimeoutError,
     RunBusyError,
     RunInputError,
     StoreError,
@@ -246,7 +247,11 @@ class Kernel:
             return
         from flowkernel.jsonschemas import instance_errors
 
-        errors = instance_errors(schema, value)
+        try:
+            errors = instance_errors(schema, value, schema_at="$.inputs")
+        except PatternTimeoutError as exc:
+            problems = [(f"input{exc.where}", str(exc))]
+            raise RunInputError(f"{flow.source}: input{exc.where}: {exc}", problems) from None
         if errors:
             problems = [(f"input{where}", message) for where, message in errors]
             raise RunInputError(f"{flow.source}: run input does not match `inputs`: "

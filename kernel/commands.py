@@ -20,6 +20,7 @@ from typing import Any
 import msgspec
 from flowkernel.budgets import resume_problem
 from flowkernel.compiler import CompiledFlow
+from flowkernel.errors import PatternTimeoutError
 from flowkernel.events import CommandReceived
 from flowkernel.nonfinite import describe, loads_strict
 from flowkernel.snapshot import RunSnapshot
@@ -234,7 +235,10 @@ def judge_command(flow: CompiledFlow, snap: RunSnapshot, cmd: Command, *, execut
                 from flowkernel.jsonschemas import instance_errors
 
                 content = _coerce(content, waiting.schema)
-                errors = instance_errors(waiting.schema, content)
+                try:
+                    errors = instance_errors(waiting.schema, content, schema_at=f"{node}.input.schema")
+                except PatternTimeoutError as exc:
+                    errors = [(exc.where, str(exc))]
                 if errors:
                     where, message = errors[0]
                     return _reject(cmd, f"{cmd.kind} does not match the schema of {node}: "

@@ -8,6 +8,7 @@ the node runs that were decided. Transitions that arrive together are committed 
 
 from __future__ import annotations
 
+import functools
 import heapq
 import sys
 import time
@@ -326,7 +327,10 @@ class RunExecution:
                     batch = list(self._queue)
                     self._queue.clear()
                     for m in batch:
-                        self._handle(m)
+                        if isinstance(m, _Incoming) and self._judged_in_thread(m.command):
+                            await self._judge_off_loop(m)
+                        else:
+                            self._handle(m)
                     if self._lost is None:
                         await self._step()
                 if self._lost is None:
@@ -428,9 +432,27 @@ class RunExecution:
                     return (n, int(key))
         return (n, item)
 
-    def _handle_command(self, msg: _Incoming) -> None:
+    def _judged_in_thread(self, cmd: Command) -> bool:
+        """Whether judging ``cmd`` validates content against a JSON Schema from the flow: its patterns may
+        take up to the expression time limit, which the event loop must not wait out."""
+        return cmd.kind in ("reply", "send") and any(w.schema is not None for w in self.snap.waiting.values())
+
+    async def _judge_off_loop(self, msg: _Incoming) -> None:
+        # Nothing else is applied meanwhile: the judge sees the snapshot the command is handled on.
+        judge = functools.partial(judge_command, self.flow, self.snap, msg.command, executing=True)
+        judged: CommandOutcome | Exception
         try:
-            outcome = judge_command(self.flow, self.snap, msg.command, executing=True)
+            result = await call_off_loop(Scope(self._limits), judge)
+            judged = result if result is not CANCELLED else RuntimeError("the check was cancelled")
+        except Exception as exc:
+            judged = exc
+        self._handle_command(msg, judged)
+
+    def _handle_command(self, msg: _Incoming, judged: CommandOutcome | Exception | None = None) -> None:
+        try:
+            if isinstance(judged, Exception):
+                raise judged
+            outcome = judged or judge_command(self.flow, self.snap, msg.command, executing=True)
             if msg.command_id is not None:
                 outcome.record.commandId = str(msg.command_id)
             received = self._append(outcome.record)
