@@ -20,11 +20,12 @@ from flowkernel.expressions import (
     quoted,
     strip_braces,
 )
+from flowkernel.nesting import MAX_DEPTH as NESTING_BOUND
 from flowkernel.node import KnownNames
 from flowkernel.references import references, yields_function
 
 RESERVED_IDS = frozenset({"flow", "state"})
-MAX_DEPTH = 100  # nesting of a flow document; deeper documents are refused before anything recurses
+MAX_DEPTH = NESTING_BOUND  # nesting of a flow document; deeper documents are refused before anything recurses
 MAX_VALUE_PROBLEMS = 20
 
 
