@@ -24,7 +24,7 @@ from flowkernel.errors import PatternTimeoutError
 from flowkernel.events import CommandReceived
 from flowkernel.nesting import MAX_DEPTH, clipped
 from flowkernel.nonfinite import describe, loads_strict
-from flowkernel.snapshot import RunSnapshot
+from flowkernel.snapshot import RunSnapshot, undelivered_answer
 
 KINDS = ("send", "reply", "resume", "pause", "abort", "retry")
 PREVIEW_CHARS = 200  # of a refused command's content, in its record
@@ -245,6 +245,14 @@ def judge_command(flow: CompiledFlow, snap: RunSnapshot, cmd: Command, *, execut
                     return _reject(cmd, f"node run {target} ({node}) is a human.input that is not waiting yet; "
                                         "send its answer once it waits")
                 return _reject(cmd, f"node run {target} ({node}) is not waiting for a reply; use send")
+            pending = undelivered_answer(snap, node)
+            if pending is not None:  # a node run takes one answer: a second would reach it as a second turn
+                if executing:
+                    return _reject(cmd, f"node run {target} ({node}) already has a reply on its way (accepted at "
+                                        f"event {pending.seq}); it takes one answer")
+                return _reject(cmd, f"node run {target} ({node}) already holds a reply, accepted at event "
+                                    f"{pending.seq} and not delivered (the process that took it stopped first); "
+                                    f"`flowkernel resume {snap.runId}` delivers it")
             content = cmd.content
             if waiting.schema is not None:
                 from flowkernel.jsonschemas import instance_errors
