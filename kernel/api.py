@@ -56,6 +56,7 @@ from flowkernel.ids import new_run_id, now_ms
 from flowkernel.nesting import MAX_DEPTH
 from flowkernel.nonfinite import loads_strict
 from flowkernel.offload import limits_from_env
+from flowkernel.redaction import holds_secret, redact_bytes
 from flowkernel.reducer import FlowLookup, fold, initial_snapshot
 from flowkernel.registry import Registry, default_registry
 from flowkernel.runner import COMMAND_POLL_S, EventListener, RunExecution
@@ -1028,6 +1029,8 @@ class Kernel:
             d.timestamp = now_ms()
             d.flowRunId = snap.runId
             body = encode(d)
+            if holds_secret(body):
+                body = redact_bytes(body)
             ev = decode(body)
             if isinstance(ev, FlowUpdated):
                 flow = self.stored_flow(ev.toHash, record)

@@ -62,6 +62,7 @@ from flowkernel.node import Interrupted, WaitFor
 from flowkernel.nonfinite import check_encoded, refuse_non_finite
 from flowkernel.offload import CANCELLED, call_off_loop, expression_limits
 from flowkernel.packing import LEAF, PACKED_PREFIX, Packer
+from flowkernel.redaction import holds_secret, redact_bytes
 from flowkernel.reducer import ALL, apply, own
 from flowkernel.registry import Registry
 from flowkernel.scheduling import Decision, Progress, awake, decide
@@ -529,7 +530,11 @@ class RunExecution:
                 body = _encode(draft)
                 if field is not None:
                     check_encoded(getattr(draft, field), body)
-                event = draft if _json_already(draft) else decode(body)
+                if holds_secret(body):  # an error that echoed a request's headers, say: never stored
+                    body = redact_bytes(body)
+                    event = decode(body)
+                else:
+                    event = draft if _json_already(draft) else decode(body)
         except (TypeError, ValueError, RecursionError, msgspec.EncodeError) as exc:
             # Not JSON: a set, a key that is not a string, text with a lone surrogate (a ValueError),
             # nesting deeper than the encoder goes (a RecursionError), a NaN or Infinity (which the
