@@ -23,7 +23,7 @@ import msgspec
 from flowkernel.agent_runs import AgentRunFold
 from flowkernel.budgets import run_limit
 from flowkernel.checkpoint import decode_checkpoint, encode_checkpoint
-from flowkernel.commands import Command, CommandOutcome, judge_command, not_storable
+from flowkernel.commands import Command, CommandOutcome, judge_command, unstorable_at
 from flowkernel.committer import Committer
 from flowkernel.compiler import CompiledFlow, compile_flow, load_flow
 from flowkernel.errors import (
@@ -33,6 +33,7 @@ from flowkernel.errors import (
     InvalidInputError,
     KernelFault,
     LeaseLostError,
+    PatternTimeoutError,
     RunBusyError,
     RunInputError,
     StoreError,
@@ -53,8 +54,10 @@ from flowkernel.events import (
 from flowkernel.flow_tree import first_unavailable
 from flowkernel.gc_pause import collector_paused
 from flowkernel.ids import new_run_id, now_ms
+from flowkernel.nesting import MAX_DEPTH
 from flowkernel.nonfinite import loads_strict
 from flowkernel.offload import limits_from_env
+from flowkernel.redaction import holds_secret, redact_bytes
 from flowkernel.reducer import FlowLookup, fold, initial_snapshot
 from flowkernel.registry import Registry, default_registry
 from flowkernel.runner import COMMAND_POLL_S, EventListener, RunExecution
@@ -248,20 +251,25 @@ class Kernel:
     def check_input(flow: CompiledFlow, value: Any) -> None:
         """Raise RunInputError if ``value`` does not satisfy the flow's ``inputs`` schema (or is not JSON
         that can be stored: text that is not UTF-8, nesting deeper than the encoder goes)."""
-        problem = not_storable(value, "input")
-        if problem is None:
+        found = unstorable_at(value, "input")
+        if found is None:
             try:
                 encoder.encode(value)
             except (TypeError, ValueError, RecursionError, msgspec.EncodeError) as exc:
-                problem = f"input is not JSON that can be stored: {exc}"
-        if problem is not None:
-            raise RunInputError(f"{flow.source}: {problem}", [("input", problem)])
+                found = ("input", f"is not JSON that can be stored: {exc}")
+        if found is not None:
+            where, problem = found
+            raise RunInputError(f"{flow.source}: {where} {problem}", [(where, problem)])
         schema = flow.inputs_schema
         if schema is None:
             return
         from flowkernel.jsonschemas import instance_errors
 
-        errors = instance_errors(schema, value)
+        try:
+            errors = instance_errors(schema, value, schema_at="$.inputs")
+        except PatternTimeoutError as exc:
+            problems = [(f"input{exc.where}", str(exc))]
+            raise RunInputError(f"{flow.source}: input{exc.where}: {exc}", problems) from None
         if errors:
             problems = [(f"input{where}", message) for where, message in errors]
             raise RunInputError(f"{flow.source}: run input does not match `inputs`: "
@@ -1058,6 +1066,8 @@ class Kernel:
             d.timestamp = now_ms()
             d.flowRunId = snap.runId
             body = encode(d)
+            if holds_secret(body):
+                body = redact_bytes(body)
             ev = decode(body)
             if isinstance(ev, FlowUpdated):
                 flow = self.stored_flow(ev.toHash, record)
@@ -1126,7 +1136,8 @@ def parse_inputs(flow: CompiledFlow, pairs: list[str], json_file: str | None) ->
         try:
             loaded = loads_strict(path.read_text(encoding="utf-8"))
         except RecursionError:
-            raise InvalidInputError(f"--input-json {json_file}: nested too deeply to read") from None
+            raise InvalidInputError(f"--input-json {json_file}: nested too deeply to read (flowkernel takes at most "
+                                    f"{MAX_DEPTH} levels of lists and objects)") from None
         except FileNotFoundError:
             raise InvalidInputError(f"--input-json {json_file}: no such file") from None
         except (OSError, ValueError) as exc:  # ValueError: not JSON, or NaN or Infinity (JSON has neither)
@@ -1146,7 +1157,8 @@ def parse_inputs(flow: CompiledFlow, pairs: list[str], json_file: str | None) ->
         try:
             value[key] = loads_strict(raw)
         except RecursionError:
-            raise InvalidInputError(f"--input {key}=…: nested too deeply to read") from None
+            raise InvalidInputError(f"--input {key}=…: nested too deeply to read (flowkernel takes at most "
+                                    f"{MAX_DEPTH} levels of lists and objects)") from None
         except json.JSONDecodeError:
             value[key] = raw
         except ValueError as exc:  # NaN or Infinity: not JSON, and not to be stored as text by surprise

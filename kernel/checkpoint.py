@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import msgspec
+from flowkernel.nesting import clipped, read_deep
 from flowkernel.packing import LEAF, PACKED_PREFIX, Fetch, Packer, Resolver, blob_refs
 from flowkernel.snapshot import RunSnapshot
 from msgspec.structs import replace
@@ -47,21 +48,28 @@ def reachable_blobs(roots: Iterable[Any], fetch: Fetch) -> dict[str, bytes]:
     found: dict[str, bytes] = {}
     wanted: set[str] = set()
     for root in roots:
-        blob_refs(root, wanted)
+        _refs_of(root, wanted)
     while wanted:
         got = fetch(sorted(wanted))
         found.update(got)
         nested: set[str] = set()
         for body in got.values():
             if b'"$' in body:  # no marker, no reference: leaf values are not decoded
-                blob_refs(msgspec.json.decode(body), nested)
+                _refs_of(read_deep(msgspec.json.decode, body), nested)
         wanted = nested - set(found)
     return found
 
 
+def _refs_of(value: Any, out: set[str]) -> None:
+    try:
+        blob_refs(value, out)
+    except RecursionError:  # nested deeper than the walk goes: the references within what can be read of it
+        blob_refs(clipped(value), out)
+
+
 def checkpoint_blobs(skeleton: bytes, fetch: Fetch) -> dict[str, bytes]:
     """Every blob a checkpoint reaches, nested ones included (what an exported run must carry)."""
-    data = msgspec.json.decode(skeleton)
+    data = read_deep(msgspec.json.decode, skeleton)
     return reachable_blobs([data.get("state"), data.get("outputs")], fetch)
 
 
@@ -69,7 +77,7 @@ def packed_blobs(body: bytes, fetch: Fetch) -> dict[str, bytes]:
     """Every blob a stored body reaches: a checkpoint's skeleton, or an event stored packed (its large
     payloads refer to blobs, ``flowkernel.packing``); an event stored whole reaches none."""
     if body.startswith(PACKED_PREFIX):
-        return reachable_blobs([msgspec.json.decode(body)], fetch)
+        return reachable_blobs([read_deep(msgspec.json.decode, body)], fetch)
     if body.startswith(b'{"type":'):
         return {}
     return checkpoint_blobs(body, fetch)
@@ -79,10 +87,15 @@ def decode_checkpoint(skeleton: bytes, fetch: Fetch) -> RunSnapshot:
     """Rebuild a snapshot from its skeleton, fetching the blobs it refers to."""
     # Decoded straight into the struct (its state and outputs are maps of packed values, any JSON),
     # then those two unpacked: a third faster than decoding to dicts and converting them.
-    snap = _skeleton_decoder.decode(skeleton)
+    snap = read_deep(_skeleton_decoder.decode, skeleton)
     resolver = Resolver(fetch)
-    resolver.load([snap.state, snap.outputs])
-    return replace(snap, state=resolver.unpack(snap.state), outputs=resolver.unpack(snap.outputs))
+    try:
+        resolver.load([snap.state, snap.outputs])
+        return replace(snap, state=resolver.unpack(snap.state), outputs=resolver.unpack(snap.outputs))
+    except RecursionError:  # a value nested deeper than the walk goes: read what can be shown of it
+        state, outputs = clipped(snap.state), clipped(snap.outputs)
+        resolver.load([state, outputs])
+        return replace(snap, state=resolver.unpack_clipped(state), outputs=resolver.unpack_clipped(outputs))
 
 
 def load_checkpoint(store: Store, run_id: str, at_most: int | None = None) -> tuple[int, RunSnapshot] | None:

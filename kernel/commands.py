@@ -23,9 +23,11 @@ from typing import Any
 import msgspec
 from flowkernel.budgets import resume_problem
 from flowkernel.compiler import CompiledFlow
+from flowkernel.errors import PatternTimeoutError
 from flowkernel.events import CommandReceived
+from flowkernel.nesting import MAX_DEPTH, clipped
 from flowkernel.nonfinite import describe, loads_strict
-from flowkernel.snapshot import RunSnapshot
+from flowkernel.snapshot import RunSnapshot, undelivered_answer
 
 KINDS = ("send", "reply", "resume", "pause", "abort", "retry")
 PREVIEW_CHARS = 200  # of a refused command's content, in its record
@@ -93,6 +95,8 @@ def _size(value: Any) -> int:
             return len(value.encode("utf-8", "replace"))
     try:
         return len(json.dumps(value, ensure_ascii=False).encode("utf-8", "replace"))
+    except RecursionError:  # nested too deeply to encode: the size of what can be shown of it
+        return _size(clipped(value))
     except (TypeError, ValueError):
         return len(repr(value).encode("utf-8", "replace"))
 
@@ -103,6 +107,8 @@ def _preview(value: Any) -> str:
     else:
         try:
             text = json.dumps(value, ensure_ascii=False)
+        except RecursionError:
+            text = json.dumps(clipped(value), ensure_ascii=False, default=repr)
         except (TypeError, ValueError):
             text = repr(value)
     text = text if len(text) <= PREVIEW_CHARS else text[: PREVIEW_CHARS - 1] + "…"
@@ -131,29 +137,39 @@ def _accept(cmd: Command, content: Any = None, target: str | None = None) -> Com
 
 
 def not_storable(value: Any, what: str) -> str | None:
-    """Why ``value`` cannot travel in a command (text that is not UTF-8, something that is not JSON), or None."""
-    stack: list[tuple[Any, str]] = [(value, what)]
+    """Why ``value`` cannot travel in a command (text that is not UTF-8, something that is not JSON, nesting
+    deeper than ``flowkernel.nesting.MAX_DEPTH``), or None."""
+    found = unstorable_at(value, what)
+    return None if found is None else f"{found[0]} {found[1]}"
+
+
+def unstorable_at(value: Any, what: str) -> tuple[str, str] | None:
+    """``(JSON path, what is wrong there)`` for the first part of ``value`` that cannot be stored, or None."""
+    stack: list[tuple[Any, str, int]] = [(value, what, 0)]
     while stack:
-        item, where = stack.pop()
+        item, where, depth = stack.pop()
         if isinstance(item, str):
             bad = _SURROGATE.search(item)
             if bad is not None:
                 i, c = bad.start(), ord(bad.group())
                 # Undecodable bytes arrive as U+DC80..U+DCFF (surrogateescape): name the byte.
                 byte = f"byte 0x{c - 0xDC00:02x}" if 0xDC80 <= c <= 0xDCFF else f"lone surrogate U+{c:04X}"
-                return f"{where} is not valid UTF-8 text ({byte} at character {i}); send UTF-8 text"
+                return where, f"is not valid UTF-8 text ({byte} at character {i}); send UTF-8 text"
+        elif isinstance(item, dict | list | tuple) and depth >= MAX_DEPTH:
+            return where, f"is nested more than {MAX_DEPTH} levels deep (lists and objects); flowkernel takes at " \
+                          f"most {MAX_DEPTH}"
         elif isinstance(item, dict):
             for k, v in item.items():
                 if not isinstance(k, str):
-                    return f"{where} is not JSON (an object key {k!r} is not a string)"
-                stack.append((k, f"{where} (a key)"))
-                stack.append((v, f"{where}.{k}" if k.isidentifier() else f"{where}[{k!r}]"))
+                    return where, f"is not JSON (an object key {k!r} is not a string)"
+                stack.append((k, f"{where} (a key)", depth + 1))
+                stack.append((v, f"{where}.{k}" if k.isidentifier() else f"{where}[{k!r}]", depth + 1))
         elif isinstance(item, list | tuple):
-            stack.extend((v, f"{where}[{i}]") for i, v in enumerate(item))
+            stack.extend((v, f"{where}[{i}]", depth + 1) for i, v in enumerate(item))
         elif isinstance(item, float) and not math.isfinite(item):
-            return f"{where} is {describe(item)}, which JSON cannot hold (it would be stored as null)"
+            return where, f"is {describe(item)}, which JSON cannot hold (it would be stored as null)"
         elif not isinstance(item, _JSON_SCALARS):
-            return f"{where} is not JSON (a {type(item).__name__})"
+            return where, f"is not JSON (a {type(item).__name__})"
     return None
 
 
@@ -233,12 +249,30 @@ def judge_command(flow: CompiledFlow, snap: RunSnapshot, cmd: Command, *, execut
                     return _reject(cmd, f"node run {target} ({node}) is a human.input that is not waiting yet; "
                                         "send its answer once it waits")
                 return _reject(cmd, f"node run {target} ({node}) is not waiting for a reply; use send")
+            pending = undelivered_answer(snap, node)
+            if pending is not None:  # a node run takes one answer: a second would reach it as a second turn
+                if executing:
+                    return _reject(cmd, f"node run {target} ({node}) already has a reply on its way (accepted at "
+                                        f"event {pending.seq}); it takes one answer")
+                return _reject(cmd, f"node run {target} ({node}) already holds a reply, accepted at event "
+                                    f"{pending.seq} and not delivered (the process that took it stopped first); "
+                                    f"`flowkernel resume {snap.runId}` delivers it")
             content = cmd.content
             if waiting.schema is not None:
                 from flowkernel.jsonschemas import instance_errors
 
-                content = _coerce(content, waiting.schema)
-                errors = instance_errors(waiting.schema, content)
+                try:
+                    content = _coerce(content, waiting.schema)
+                except RecursionError:
+                    return _reject(cmd, f"the reply is nested more than {MAX_DEPTH} levels deep (lists and "
+                                        f"objects); flowkernel takes at most {MAX_DEPTH}", invalid=True)
+                problem = not_storable(content, "the reply")
+                if problem is not None:
+                    return _reject(cmd, problem, invalid=True)
+                try:
+                    errors = instance_errors(waiting.schema, content, schema_at=f"{node}.input.schema")
+                except PatternTimeoutError as exc:
+                    errors = [(exc.where, str(exc))]
                 if errors:
                     where, message = errors[0]
                     return _reject(cmd, f"{cmd.kind} does not match the schema of {node}: "
@@ -292,7 +326,8 @@ def retry_restarts_a_failure(flow: CompiledFlow, snap: RunSnapshot) -> bool:
 
 
 def _coerce(content: Any, schema: dict[str, Any]) -> Any:
-    """A reply typed on the command line is text: read it as JSON unless the schema wants a string."""
+    """A reply typed on the command line is text: read it as JSON unless the schema wants a string.
+    Raises ``RecursionError`` for JSON nested too deeply to read."""
     if isinstance(content, str) and schema.get("type") != "string":
         try:
             return loads_strict(content)

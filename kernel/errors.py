@@ -66,6 +66,17 @@ class RunInputError(InvalidInputError):
         self.problems = problems or []
 
 
+class PatternTimeoutError(InvalidInputError):
+    """Matching a regular expression that a JSON Schema brings (``pattern``, ``patternProperties``) ran
+    past its time limit (``FLOWKERNEL_EXPR_TIMEOUT_MS``). ``where``: the JSON path of the value below
+    the validated instance (``""``, ``.a[0]``); ``keyword``: the JSON path of the schema keyword."""
+
+    def __init__(self, where: str, keyword: str, message: str) -> None:
+        super().__init__(message)
+        self.where = where
+        self.keyword = keyword
+
+
 class UnknownRunError(InvalidInputError):
     """No run with that id exists in the store."""
 

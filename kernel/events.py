@@ -10,6 +10,7 @@ Nodes and the scheduler produce *drafts* (``seq == 0``); the run shell stamps ``
 from typing import Any
 
 import msgspec
+from flowkernel.nesting import read_deep
 
 
 class BaseEvent(msgspec.Struct, kw_only=True, tag_field="type", omit_defaults=True, gc=False):
@@ -256,7 +257,9 @@ def encode(event: BaseEvent) -> bytes:
 
 
 def decode(data: bytes | str) -> Event:
-    return decoder.decode(data)
+    """The event stored as ``data``; a value in it nested deeper than the decoder goes is read clipped
+    (``flowkernel.nesting``)."""
+    return read_deep(decoder.decode, data)
 
 
 def to_dict(event: BaseEvent) -> dict[str, Any]:

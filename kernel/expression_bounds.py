@@ -11,14 +11,17 @@ Every other expression is *open*: it may define and call functions (recursion), 
 with a comparator, pad to any width. An open expression is evaluated under a ``Budget``: jsonata's
 evaluate entry and exit hooks count its nesting depth, check its deadline and its scope's
 cancellation on every step, and check the size of every intermediate list, object and string; regular
-expressions run in the ``regex`` module with the remaining time as their timeout (and without the GIL,
-so other threads run meanwhile); ``$pad`` and ``$replace`` check the size of what they would build
+expressions are matched by ``flowkernel.bounded_regex`` within the remaining time (without the GIL, and
+a long match in a child process that a cancellation kills); ``$pad`` and ``$replace`` check the size of what they would build
 before building it. A limit that fires is an ``ExpressionLimitError`` (an ``ExpressionError``: the
 scheduler records it as a ``binding_error``, a transform node as ``expression_error``), so the run's
 event log says what happened and replay never re-evaluates it.
 
+The deadline is the expression's limit or, when it comes sooner, its caller's (a node's ``timeoutMs``):
+reaching the caller's is the caller's timeout, reported by the caller.
+
 The run shell evaluates open expressions off the event loop (``flowkernel.offload``): a thread-local
-``Scope`` tells an evaluation its limits and whether it was cancelled, and on the event loop's own
+``Scope`` tells an evaluation its limits, its caller's deadline and whether it was cancelled, and on the event loop's own
 thread an open expression asks to be moved (``NeedsThread``). Anywhere else (tests, scripts) an open
 expression runs where it is called, under the default limits.
 """
@@ -31,6 +34,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import flowkernel.bounded_regex as bounded_regex
 import jsonata
 import regex
 from flowkernel.errors import ExpressionError, ExpressionLimitError
@@ -82,23 +86,30 @@ class _Stop(BaseException):
 class _Budget:
     """One evaluation of one open expression."""
 
-    __slots__ = ("deadline", "depth", "limits", "scope")
+    __slots__ = ("deadline", "depth", "limits", "scope", "stops_caller")
 
     def __init__(self, scope: Scope) -> None:
         self.scope = scope
         self.limits = scope.limits
         self.deadline = time.monotonic() + scope.limits.timeout_ms / 1000
+        # The caller's own deadline (a node's timeoutMs) when it comes first: reaching it is the caller's
+        # timeout, not this expression's limit.
+        self.stops_caller = scope.deadline is not None and scope.deadline < self.deadline
+        if self.stops_caller:
+            self.deadline = scope.deadline  # type: ignore[assignment]  # not None: checked above
         self.depth = 0
 
     def check(self) -> None:
         if self.scope.cancelled:
             raise _Stop("cancelled", cancelled=True)
         if time.monotonic() > self.deadline:
+            if self.stops_caller:
+                raise _Stop("the caller's deadline passed", cancelled=True)
             raise _Stop(f"ran longer than its {self.limits.timeout_ms} ms limit (FLOWKERNEL_EXPR_TIMEOUT_MS)")
 
-    def remaining_s(self) -> float:
-        self.check()
-        return max(self.deadline - time.monotonic(), 0.001)
+    def bound(self) -> bounded_regex.Bound:
+        scope = self.scope
+        return bounded_regex.Bound(self.deadline, lambda: scope.cancelled)
 
     def check_size(self, value: Any) -> None:
         if isinstance(value, str):
@@ -173,54 +184,56 @@ def evaluate_open(compiled: jsonata.Jsonata, quoted: str, context: Any, variable
 
 
 class _BoundedPattern:
-    """A ``regex`` pattern that stops when its evaluation's time is up; jsonata calls these four."""
+    """A ``regex`` pattern matched within its evaluation's time (``flowkernel.bounded_regex``: a long
+    match moves to a child process that a cancellation kills); jsonata calls these four."""
 
     __slots__ = ("_pattern",)
 
-    def __init__(self, pattern: Any) -> None:
+    def __init__(self, pattern: regex.Pattern[str]) -> None:
         self._pattern = pattern
 
-    @staticmethod
-    def _timeout() -> float | None:
-        budget = _local.budget
-        return budget.remaining_s() if budget is not None else None
-
     def search(self, string: str) -> Any:
-        with _regex_time():
-            return self._pattern.search(string, timeout=self._timeout(), concurrent=True)
+        with _regex_time() as bound:
+            return bounded_regex.search(self._pattern, string, bound)
 
     def finditer(self, string: str) -> Iterator[Any]:
-        with _regex_time():  # the matching happens as the matches are taken
-            yield from self._pattern.finditer(string, timeout=self._timeout(), concurrent=True)
+        with _regex_time() as bound:  # the matching happens as the matches are taken
+            yield from bounded_regex.finditer(self._pattern, string, bound)
 
     def sub(self, repl: Any, string: str, count: int = 0) -> str:
-        with _regex_time():
-            return str(self._pattern.sub(repl, string, count, timeout=self._timeout(), concurrent=True))
+        with _regex_time() as bound:
+            return bounded_regex.sub(self._pattern, repl, string, bound, count)
 
-    def split(self, string: str, maxsplit: int = 0) -> list[str]:
-        with _regex_time():
-            return list(self._pattern.split(string, maxsplit, timeout=self._timeout(), concurrent=True))
+    def split(self, string: str, maxsplit: int = 0) -> list[str | None]:
+        with _regex_time() as bound:
+            return bounded_regex.split(self._pattern, string, bound, maxsplit)
 
 
 @contextmanager
-def _regex_time() -> Iterator[None]:
-    """A regular expression that runs out of the evaluation's time is that evaluation's time limit."""
+def _regex_time() -> Iterator[bounded_regex.Bound]:
+    """The evaluation's time and cancellation, for its regular expressions: running out of either is
+    the evaluation's time limit, or its caller's deadline, or its cancellation."""
+    budget = _local.budget
+    if budget is None:  # not under evaluate_open: this thread's scope's limits
+        budget = _Budget(current_scope())
     try:
-        yield
-    except TimeoutError:
-        budget = _local.budget
-        limit = budget.limits.timeout_ms if budget is not None else 0
-        raise _Stop(f"a regular expression ran past the {limit} ms limit (FLOWKERNEL_EXPR_TIMEOUT_MS)") from None
+        yield budget.bound()
+    except bounded_regex.RegexTimeout:
+        budget.check()  # the caller's deadline, or a cancellation meanwhile
+        raise _Stop(f"a regular expression ran past the {budget.limits.timeout_ms} ms limit "
+                    f"(FLOWKERNEL_EXPR_TIMEOUT_MS)") from None
+    except EvaluationCancelled:
+        raise _Stop("cancelled", cancelled=True) from None
 
 
 def regex_engine(pattern: str, flags: RegexFlags) -> _BoundedPattern:
     """jsonata's regex engine: the ``regex`` module (``re``'s syntax), bounded by the evaluation's time."""
-    native = regex.V0
+    native = 0
     if flags.case_insensitive:
         native |= regex.IGNORECASE
     if flags.multiline:
         native |= regex.MULTILINE
-    return _BoundedPattern(regex.compile(pattern, native))
+    return _BoundedPattern(bounded_regex.compile_pattern(pattern, native))
 
 
 # -- built-ins whose output can be far larger than their input -------------------------------------

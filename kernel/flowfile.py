@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from flowkernel.errors import FlowFileError
-from flowkernel.json_depth import MAX_DEPTH, deep_point, describe
+from flowkernel.json_depth import deep_point, describe
 from flowkernel.localfiles import DEFAULT_MAX_FLOW_BYTES, MAX_FLOW_BYTES_ENV, limit_from_env, read_limited
+from flowkernel.nesting import MAX_DEPTH
 
 
 def read_flow_document(path: Path) -> tuple[Any, str]:

@@ -8,8 +8,6 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
-MAX_DEPTH = 100  # nesting of a flow document; deeper documents are refused before anything recurses
-
 # A whole string (its brackets are text), or a bracket.
 _TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]', re.S)
 

@@ -9,51 +9,21 @@ Limits come from ``Kernel(services={"expression_limits": ExpressionLimits(...)})
 
 from __future__ import annotations
 
-import os
+import math
+import time
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 import anyio
-from flowkernel.errors import InvalidInputError
+from flowkernel.expression_scope import EvaluationCancelled, ExpressionLimits, Scope, set_scope
 from flowkernel.expression_scope import (
-    DEFAULT_LIMITS,
-    EvaluationCancelled,
-    ExpressionLimits,
-    Scope,
-    set_scope,
+    limits_from_env as limits_from_env,  # (re-exported: callers import it from here)
 )
 from flowkernel.expressions import Expr
 
 T = TypeVar("T")
 
 CANCELLED: Any = object()  # what ``call_off_loop`` returns when the scope was cancelled from outside
-
-_ENV = {"timeout_ms": "FLOWKERNEL_EXPR_TIMEOUT_MS", "max_depth": "FLOWKERNEL_EXPR_MAX_DEPTH",
-        "max_items": "FLOWKERNEL_EXPR_MAX_ITEMS", "max_string": "FLOWKERNEL_EXPR_MAX_STRING"}
-_from_env: tuple[tuple[str | None, ...], ExpressionLimits] | None = None
-
-
-def limits_from_env(environ: Mapping[str, str] = os.environ) -> ExpressionLimits:
-    """The limits the ``FLOWKERNEL_EXPR_*`` variables set (positive integers), defaults for the rest."""
-    global _from_env
-    raw = tuple(environ.get(name) for name in _ENV.values())
-    if _from_env is not None and _from_env[0] == raw:
-        return _from_env[1]
-    values: dict[str, int] = {}
-    for (field, name), text in zip(_ENV.items(), raw, strict=True):
-        if text is None or not text.strip():
-            continue
-        try:
-            value = int(text)
-        except ValueError:
-            value = 0
-        if value <= 0:
-            raise InvalidInputError(f"{name}={text!r}: expected a positive whole number")
-        values[field] = value
-    limits = ExpressionLimits(**values) if values else DEFAULT_LIMITS
-    _from_env = (raw, limits)
-    return limits
-
 
 def expression_limits(services: Mapping[str, Any]) -> ExpressionLimits:
     """The limits for a run: the ``expression_limits`` service, else the environment's."""
@@ -64,7 +34,12 @@ def expression_limits(services: Mapping[str, Any]) -> ExpressionLimits:
 async def call_off_loop(scope: Scope, fn: Callable[..., T], *args: Any) -> T:
     """``fn(*args)`` in a worker thread with ``scope`` as its expression scope. Returns ``CANCELLED``
     if the scope was cancelled by someone else; if the caller is cancelled, the thread is stopped and
-    waited for, then the cancellation goes on."""
+    waited for, then the cancellation goes on. The caller's deadline (``anyio.fail_after`` around it,
+    as a node's ``timeoutMs`` is) becomes the scope's: no evaluation outlives it."""
+    caller_deadline = anyio.current_effective_deadline()
+    if caller_deadline != math.inf:
+        at = time.monotonic() + (caller_deadline - anyio.current_time())
+        scope.deadline = at if scope.deadline is None else min(scope.deadline, at)
 
     def work() -> tuple[Any, Exception | None]:
         set_scope(scope)
@@ -88,12 +63,16 @@ async def call_off_loop(scope: Scope, fn: Callable[..., T], *args: Any) -> T:
         try:
             # Not abandoned on cancellation: the thread stops at its evaluation's next step, and is waited for.
             result, error = await anyio.to_thread.run_sync(work)
+            # Stopped at the caller's deadline, which the thread may see a moment before the event loop does.
+            at_deadline = result is CANCELLED and not scope.cancelled
         finally:
             tg.cancel_scope.cancel()
     if error is not None:
         raise error
     if result is CANCELLED:
         await anyio.lowlevel.checkpoint_if_cancelled()
+        if at_deadline and caller_deadline != math.inf:
+            await anyio.sleep(max(caller_deadline - anyio.current_time(), 0.0) + 1.0)  # the deadline cancels it
     return result  # type: ignore[no-any-return]
 
 

@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import msgspec
+from flowkernel.nesting import MARKER, MAX_DEPTH, clipped, read_deep
 
 LEAF = 8  # list items per leaf block
 FANOUT = 8  # blocks per block of the next level
@@ -32,7 +33,12 @@ INLINE_BYTES = 512  # values smaller than this stay inline
 PACKED_PREFIX = b'{"$packed":1,'  # a stored event body whose payload refers to blobs
 
 _encode = msgspec.json.Encoder().encode
-_decode = msgspec.json.decode
+
+
+def _decode(body: bytes) -> Any:
+    return read_deep(msgspec.json.decode, body)
+
+
 _PLAIN = (int, float, bool, type(None))
 _IMMUTABLE = frozenset({str, int, float, bool, type(None)})
 # ``{"$keys"}`` is the body of a block of blocks: user data of that shape is wrapped too, so that
@@ -271,7 +277,10 @@ class Resolver:
                 if type(value) is dict and len(value) == 1 and "$keys" in value:
                     nested.update(c for c in value["$keys"] if not self._has_items(c))
                 else:
-                    self._refs(value, nested)
+                    try:
+                        self._refs(value, nested)
+                    except RecursionError:  # nested too deeply to walk: what ``unpack_clipped`` reads of it
+                        self._refs(clipped(value), nested)
             wanted = {k for k in nested if k not in self._decoded}
 
     def _own(self, keys: Iterable[str]) -> Iterable[tuple[str, bytes]]:
@@ -319,6 +328,26 @@ class Resolver:
         if type(value) is list:
             return [self.unpack(v) for v in value]
         return value
+
+    def unpack_clipped(self, value: Any, limit: int = MAX_DEPTH) -> Any:
+        """``unpack`` with what lies below ``limit`` levels replaced by ``nesting.MARKER``, for a value
+        nested deeper than ``unpack`` can walk."""
+        def walk(v: Any, depth: int) -> Any:
+            if type(v) is dict:
+                if _is_blob(v):
+                    return walk(self._body(v["$blob"]), depth)
+                if depth >= limit:
+                    return MARKER
+                if _is_chunked(v):
+                    items = [clipped(item, limit - depth - 1) for key in v["$chunks"] for item in self._block_items(key)]
+                    return items + [walk(x, depth + 1) for x in v["$tail"]]
+                inner = v["$lit"] if len(v) == 1 and "$lit" in v else v
+                return {k: walk(x, depth + 1) for k, x in inner.items()}
+            if type(v) is list:
+                return MARKER if depth >= limit else [walk(x, depth + 1) for x in v]
+            return v
+
+        return walk(value, 0)
 
     def _body(self, key: str) -> Any:
         if key not in self._decoded:

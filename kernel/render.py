@@ -41,7 +41,7 @@ from flowkernel.events import (
     StatePatch,
     decode,
 )
-from flowkernel.snapshot import RunSnapshot
+from flowkernel.snapshot import RunSnapshot, undelivered_answer
 from flowkernel.store.base import RunRecord
 from flowkernel.summaries import RunSummary
 
@@ -506,6 +506,10 @@ def show_snapshot(record: RunRecord, snap: RunSnapshot, out: TextIO, summary: Ru
     status = snap.status
     if not live and status == "running":
         status = f"interrupted (stored as running; no process executes it: flowkernel resume {snap.runId}{again})"
+    stranded = {n for n in snap.waiting if undelivered_answer(snap, n) is not None} if not live else set()
+    if stranded:
+        status = (f"waiting, with a reply accepted and not delivered (its process stopped): "
+                  f"flowkernel resume {snap.runId}{again}")
     # The snapshot's flow: the one the run followed at the seq shown (a later flow:updated changed the row's).
     out.write(f"run      {record.runId}\nflow     {record.flowName}  ({snap.flowHash[:19]}…)\n")
     out.write(f"status   {status}" + (f"  error: {snap.error}" if snap.error else "") + "\n")
@@ -547,8 +551,9 @@ def show_snapshot(record: RunRecord, snap: RunSnapshot, out: TextIO, summary: Ru
     if snap.waiting:
         out.write("\nwaiting for a reply\n")
         for n, w in snap.waiting.items():
-            out.write(f"  {n}: {shown(w.prompt, 80, '    ')}\n"
-                      f"    flowkernel reply {snap.runId} --to {w.runId} 'YOUR ANSWER'{again}\n")
+            hint = (f"a reply was accepted and not delivered; deliver it with: flowkernel resume {snap.runId}"
+                    if n in stranded else f"flowkernel reply {snap.runId} --to {w.runId} 'YOUR ANSWER'")
+            out.write(f"  {n}: {shown(w.prompt, 80, '    ')}\n    {hint}{again}\n")
     if snap.loopCounters:
         out.write("\nloops\n")
         for e, count in snap.loopCounters.items():

@@ -8,6 +8,7 @@ the node runs that were decided. Transitions that arrive together are committed 
 
 from __future__ import annotations
 
+import functools
 import heapq
 import sys
 import time
@@ -61,6 +62,7 @@ from flowkernel.node import Interrupted, WaitFor
 from flowkernel.nonfinite import check_encoded, refuse_non_finite
 from flowkernel.offload import CANCELLED, call_off_loop, expression_limits
 from flowkernel.packing import LEAF, PACKED_PREFIX, Packer
+from flowkernel.redaction import holds_secret, redact_bytes
 from flowkernel.reducer import ALL, apply, own
 from flowkernel.registry import Registry
 from flowkernel.scheduling import Decision, Progress, awake, decide
@@ -326,7 +328,10 @@ class RunExecution:
                     batch = list(self._queue)
                     self._queue.clear()
                     for m in batch:
-                        self._handle(m)
+                        if isinstance(m, _Incoming) and self._judged_in_thread(m.command):
+                            await self._judge_off_loop(m)
+                        else:
+                            self._handle(m)
                     if self._lost is None:
                         await self._step()
                 if self._lost is None:
@@ -432,10 +437,29 @@ class RunExecution:
         node = self.flow.nodes[node_id]
         return self.registry.takes_messages(node.type, node.raw_input)
 
-    def _handle_command(self, msg: _Incoming) -> None:
+    def _judged_in_thread(self, cmd: Command) -> bool:
+        """Whether judging ``cmd`` validates content against a JSON Schema from the flow: its patterns may
+        take up to the expression time limit, which the event loop must not wait out."""
+        return cmd.kind in ("reply", "send") and any(w.schema is not None for w in self.snap.waiting.values())
+
+    async def _judge_off_loop(self, msg: _Incoming) -> None:
+        # Nothing else is applied meanwhile: the judge sees the snapshot the command is handled on.
+        judge = functools.partial(judge_command, self.flow, self.snap, msg.command, executing=True,
+                                  takes_messages=self._takes_messages)
+        judged: CommandOutcome | Exception
         try:
-            outcome = judge_command(self.flow, self.snap, msg.command, executing=True,
-                                    takes_messages=self._takes_messages)
+            result = await call_off_loop(Scope(self._limits), judge)
+            judged = result if result is not CANCELLED else RuntimeError("the check was cancelled")
+        except Exception as exc:
+            judged = exc
+        self._handle_command(msg, judged)
+
+    def _handle_command(self, msg: _Incoming, judged: CommandOutcome | Exception | None = None) -> None:
+        try:
+            if isinstance(judged, Exception):
+                raise judged
+            outcome = judged or judge_command(self.flow, self.snap, msg.command, executing=True,
+                                                        takes_messages=self._takes_messages)
             if msg.command_id is not None:
                 outcome.record.commandId = str(msg.command_id)
             received = self._append(outcome.record)
@@ -512,7 +536,11 @@ class RunExecution:
                 body = _encode(draft)
                 if field is not None:
                     check_encoded(getattr(draft, field), body)
-                event = draft if _json_already(draft) else decode(body)
+                if holds_secret(body):  # an error that echoed a request's headers, say: never stored
+                    body = redact_bytes(body)
+                    event = decode(body)
+                else:
+                    event = draft if _json_already(draft) else decode(body)
         except (TypeError, ValueError, RecursionError, msgspec.EncodeError) as exc:
             # Not JSON: a set, a key that is not a string, text with a lone surrogate (a ValueError),
             # nesting deeper than the encoder goes (a RecursionError), a NaN or Infinity (which the

@@ -115,6 +115,16 @@ class RunSnapshot(msgspec.Struct, kw_only=True, gc=False):
         return f"RunSnapshot({fields})"
 
 
+def undelivered_answer(snap: RunSnapshot, node: str) -> InboxMessage | None:
+    """The reply (or message) accepted for ``node``'s waiting node run and not yet delivered to it, if
+    any: its process stopped between accepting it and continuing the run, so ``resume`` delivers it."""
+    waiting = snap.waiting.get(node)
+    if waiting is None:
+        return None
+    return next((m for m in snap.inbox.get(waiting.runId, ()) if m.kind in ("reply", "send")
+                 and m.seq > waiting.since), None)
+
+
 _SHOWN = 10  # entries shown per map or list in a snapshot's repr
 
 

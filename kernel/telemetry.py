@@ -342,7 +342,9 @@ class _Span:
             from opentelemetry.trace import Status, StatusCode
 
             self.raw.set_attribute("error.type", error_type)
-            self.raw.set_status(Status(StatusCode.ERROR, message[:500] or None))
+            from flowkernel.redaction import redact_text
+
+            self.raw.set_status(Status(StatusCode.ERROR, redact_text(message)[:500] or None))  # exported: no secret
         except Exception:
             pass
 

@@ -20,7 +20,7 @@ from flowkernel.expressions import (
     quoted,
     strip_braces,
 )
-from flowkernel.json_depth import MAX_DEPTH
+from flowkernel.nesting import MAX_DEPTH
 from flowkernel.node import KnownNames
 from flowkernel.references import references, yields_function
 

@@ -25,6 +25,7 @@ a fresh interpreter each, as the shell starts them), so a trial costs what the f
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import multiprocessing
 import os
@@ -175,34 +176,31 @@ def _runs(kernel: Any) -> list[Any]:
 
 
 def _next_command(case: Case, db: Path, run_id: str | None) -> list[str] | None:
-    """What a user types next: run, reply (the next reply the run has not accepted) or resume."""
+    """What a user types next: run; then what ``flowkernel show`` tells them: reply (the answer to the
+    question the node waits on now) or resume."""
     fixtures = ["--fixtures", str(case.fixtures)] if case.fixtures else []
     if run_id is None:
         inputs = [a for kv in case.inputs for a in ("--input", kv)]
         return ["run", str(case.flow), *inputs, *fixtures, "--db", str(db)]
 
-    def look(kernel: Any) -> tuple[str, dict[str, str], set[str], dict[str, int]]:
-        snap = kernel.snapshot(run_id)
-        accepted: Counter[str] = Counter()
-        node_of: dict[str, str] = {}
-        for ev in kernel.events(run_id):
-            if ev.type in ("node:start", "node:waiting") and ev.runId:
-                node_of[ev.runId] = ev.nodeId or ""
-            elif ev.type == "command:received" and ev.command == "reply" and ev.accepted and ev.target:
-                accepted[node_of.get(ev.target, "")] += 1
-        answered = {r for r, msgs in snap.inbox.items() if any(m.kind in ("reply", "send") for m in msgs)}
-        return snap.status, {n: w.runId for n, w in snap.waiting.items()}, answered, dict(accepted)
+    def look(kernel: Any) -> tuple[str, dict[str, str], str, Counter[str]]:
+        from flowkernel.render import show_snapshot
 
-    status, waiting, inboxes, accepted = _read(db, look)
+        snap = kernel.snapshot(run_id)
+        asked = Counter(ev.nodeId or "" for ev in kernel.events(run_id) if ev.type == "node:waiting")
+        shown = io.StringIO()
+        show_snapshot(kernel.store.get_run(run_id), snap, shown, live=False)  # (no process executes it now)
+        return snap.status, {n: w.runId for n, w in snap.waiting.items()}, shown.getvalue(), asked
+
+    status, waiting, shown, asked = _read(db, look)
     if status == "completed":
         return None
     if status == "waiting":
         for node, node_run in sorted(waiting.items()):
             replies = case.replies.get(node, ())
-            given = accepted.get(node, 0)
-            if node_run not in inboxes and given < len(replies):
-                return ["reply", run_id, "--to", node_run, replies[given], *fixtures, "--db", str(db)]
-        # the reply was taken before the process died: go on with it
+            question = asked[node] - 1  # the node's n-th wait takes its n-th reply
+            if f"flowkernel reply {run_id} --to {node_run}" in shown and 0 <= question < len(replies):
+                return ["reply", run_id, "--to", node_run, replies[question], *fixtures, "--db", str(db)]
     if status in ("failed", "aborted"):
         raise RuntimeError(f"run {run_id} ended {status}")
     return ["resume", run_id, *fixtures, "--db", str(db)]

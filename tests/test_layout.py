@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # events and the snapshot, and the node-type protocol. None of it may import the run shell, the
 # stores, the CLI or anything that executes runs.
 CORE = {"flowkernel.budgets", "flowkernel.flow", "flowkernel.flowfile", "flowkernel.compiler", "flowkernel.expressions",
-        "flowkernel.expression_bounds", "flowkernel.expression_scope",
+        "flowkernel.expression_bounds", "flowkernel.expression_scope", "flowkernel.bounded_regex", "flowkernel.nesting",
         "flowkernel.reducer", "flowkernel.scheduling", "flowkernel.events", "flowkernel.snapshot",
         "flowkernel.state_ops", "flowkernel.errors", "flowkernel.ids", "flowkernel.node",
         "flowkernel.validation", "flowkernel.references", "flowkernel.jsonschemas", "flowkernel.localfiles",

@@ -172,7 +172,9 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_INVALID
     configure_logging(args.log_level)
     from flowkernel.errors import FlowkernelError
+    from flowkernel.redaction import install_log_redaction, redact_text
 
+    install_log_redaction()
     try:
         from flowkernel.registry import default_registry, load_plugins
 
@@ -190,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()  # here, where a closed pipe is caught, not at exit
         return code
     except FlowkernelError as exc:
-        print(f"flowkernel: {exc}", file=sys.stderr)
+        print(f"flowkernel: {redact_text(str(exc))}", file=sys.stderr)
         return exc.exit_code
     except BaseExceptionGroup as group:
         # A task group (`worker`, `serve`) wraps what its tasks raised: a store that fails under it is
@@ -198,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         errors = _leaves(group)
         if not all(isinstance(e, FlowkernelError) for e in errors):
             raise
-        for message in dict.fromkeys(str(e) for e in errors):
+        for message in dict.fromkeys(redact_text(str(e)) for e in errors):
             print(f"flowkernel: {message}", file=sys.stderr)
         first: FlowkernelError = errors[0]  # type: ignore[assignment]
         return first.exit_code

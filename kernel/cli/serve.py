@@ -94,6 +94,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         worker.kernel.on_commit(app.state.feed.nudge)  # followers get this process's commits at once, not at a poll
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
                                            timeout_graceful_shutdown=5))
+    from flowkernel.redaction import install_log_redaction
+
+    install_log_redaction()  # uvicorn's handlers, which its Config has just made
     # uvicorn stops gracefully on SIGINT/SIGTERM, then raises the signal again for the handler it found:
     # a stop asked for is a clean exit, so that handler takes note and the command returns 0.
     import signal

@@ -159,9 +159,15 @@ def exit_for(snap: RunSnapshot, run_id: str, args: argparse.Namespace, kernel: K
         return EXIT_OK
     if snap.status in ("paused", "waiting"):
         if snap.status == "waiting":
+            from flowkernel.snapshot import undelivered_answer
+
             for n, w in snap.waiting.items():
-                print(f"flowkernel: {n} waits for a reply: flowkernel reply {run_id} --to {w.runId} 'ANSWER'{again}",
-                      file=sys.stderr)
+                if undelivered_answer(snap, n) is not None:
+                    print(f"flowkernel: {n} holds a reply not yet delivered: flowkernel resume {run_id}{again}",
+                          file=sys.stderr)
+                else:
+                    print(f"flowkernel: {n} waits for a reply: flowkernel reply {run_id} --to {w.runId} "
+                          f"'ANSWER'{again}", file=sys.stderr)
         elif snap.budgetPause is not None:
             from flowkernel.budgets import pause_hint
 

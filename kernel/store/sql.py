@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 from flowkernel.errors import LeaseLostError, StoreError, UnknownRunError
 from flowkernel.events import USAGE_KEYS
 from flowkernel.ids import now_ms
+from flowkernel.nesting import loads
 from flowkernel.packing import resolve_bodies
 from flowkernel.store.base import (
     AgentRun,
@@ -215,7 +216,7 @@ _TOOL_CALL_COLUMNS = ("id, flow_run_id, run_id, node_id, session_id, message_id,
 
 def _record(row: Sequence[Any]) -> RunRecord:
     return RunRecord(runId=row[0], flowName=row[1], flowHash=row[2], status=row[3], seq=row[4],
-                     input=json.loads(row[5]), createdAt=row[6], updatedAt=row[7], error=row[8],
+                     input=loads(row[5]), createdAt=row[6], updatedAt=row[7], error=row[8],
                      parentRunId=row[9], parentNodeRunId=row[10], forkedFrom=row[11], forkedAt=row[12],
                      flowSource=row[13], leaseOwner=row[14], leaseExpiresAt=row[15], idempotencyKey=row[16],
                      runNo=row[17], usage=_usage(row[18:22]), totalCostUsd=float(row[22]), leaseEpoch=int(row[23]),
@@ -244,14 +245,14 @@ def _usage(values: Sequence[Any]) -> dict[str, int]:
 
 def _message(r: Sequence[Any]) -> dict[str, Any]:
     return {"id": r[0], "flowRunId": r[1], "runId": r[2], "nodeId": r[3], "sessionId": r[4], "role": r[5],
-            "content": json.loads(r[6]), "step": r[7], "createdAt": r[8],
+            "content": loads(r[6]), "step": r[7], "createdAt": r[8],
             "modelCall": json.loads(r[9]) if r[9] else None}
 
 
 def _tool_call(r: Sequence[Any]) -> dict[str, Any]:
     return {"id": r[0], "flowRunId": r[1], "runId": r[2], "nodeId": r[3], "sessionId": r[4], "messageId": r[5],
-            "toolName": r[6], "toolUseId": r[7], "input": json.loads(r[8]) if r[8] else None,
-            "output": json.loads(r[9]) if r[9] else None, "status": r[10], "durationMs": r[11],
+            "toolName": r[6], "toolUseId": r[7], "input": loads(r[8]) if r[8] else None,
+            "output": loads(r[9]) if r[9] else None, "status": r[10], "durationMs": r[11],
             "step": r[12], "createdAt": r[13]}
 
 

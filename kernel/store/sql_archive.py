@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 
 import msgspec
 from flowkernel.errors import InvalidInputError, RunBusyError, StoreError, UnknownRunError
+from flowkernel.nesting import loads
 from flowkernel.packing import PACKED_PREFIX
 from flowkernel.store.base import EventRow
 
@@ -60,7 +61,7 @@ def _flows_named(events: Sequence[tuple[int, int, msgspec.Raw]]) -> set[str]:
     for _, _, raw in events:
         body = bytes(raw)
         if body.startswith(_NAMES_FLOWS):  # small events, never stored packed: plain JSON
-            ev = json.loads(body)
+            ev = loads(body)
             found.update(str(ev[k]) for k in ("flowHash", "fromHash", "toHash") if k in ev)
     return found
 
@@ -234,7 +235,7 @@ class SqlArchive:
                 f"SELECT id, ts, body FROM events WHERE id BETWEEN {p} AND {p} ORDER BY id",
                 (base, base + RUN_SPAN - 1)).fetchall()]
             cp = db.execute(f"SELECT seq, body FROM checkpoints WHERE run_id = {p}", (run_id,)).fetchone()
-            commands = [{"body": json.loads(r[0]), "createdAt": int(r[1])} for r in db.execute(
+            commands = [{"body": loads(r[0]), "createdAt": int(r[1])} for r in db.execute(
                 f"SELECT body, created_at FROM commands WHERE run_id = {p} AND taken_seq IS NULL ORDER BY id",
                 (run_id,)).fetchall()]
             trace = db.execute(f"SELECT trace_context FROM run_traces WHERE run_id = {p}", (run_id,)).fetchone()

@@ -18,8 +18,10 @@ Script API (each ``POST /v1/messages`` pops the next response, in order):
   ``Text``, ``Thinking`` and ``ToolUse`` blocks. Served as a faithful SSE stream when the
   request has ``"stream": true`` and as a JSON message otherwise. Each block's ``deltas``
   sets how many ``*_delta`` events its content is split into.
-- ``http_error(status, message=None, *, error_type=None, retry_after=None, should_retry=None)``:
-  a non-2xx response with the real ``{"type": "error", "error": {...}}`` body.
+- ``http_error(status, message=None, *, error_type=None, retry_after=None, should_retry=None,
+  echo_headers=False)``: a non-2xx response with the real ``{"type": "error", "error": {...}}`` body;
+  with ``echo_headers`` its message ends with the request's headers, credentials included, as some
+  proxies' error pages do.
 - ``stream_error(reply, at, error_type="overloaded_error")``: a 200 stream that sends an
   ``event: error`` at ``at`` and then ends.
 - ``cut_off(reply, at, reset=False)``: a 200 stream whose TCP connection is dropped at ``at``
@@ -165,6 +167,7 @@ class ErrorReply:
     error_type: str
     message: str
     headers: Mapping[str, str] = field(default_factory=dict)
+    echo_headers: bool = False  # the message ends with the request's headers
 
 
 @dataclass(frozen=True)
@@ -226,15 +229,17 @@ def http_error(
     error_type: str | None = None,
     retry_after: float | None = None,
     should_retry: bool | None = None,
+    echo_headers: bool = False,
 ) -> ErrorReply:
-    """An error response; ``should_retry`` sets ``x-should-retry``, which the SDK obeys."""
+    """An error response; ``should_retry`` sets ``x-should-retry``, which the SDK obeys; with
+    ``echo_headers`` the message ends with the request's headers."""
     headers: dict[str, str] = {}
     if retry_after is not None:
         headers["retry-after"] = _format_seconds(retry_after)
     if should_retry is not None:
         headers["x-should-retry"] = "true" if should_retry else "false"
     error_type = error_type or DEFAULT_ERROR_TYPES.get(status, "api_error")
-    return ErrorReply(status, error_type, message or f"fake {error_type}", headers)
+    return ErrorReply(status, error_type, message or f"fake {error_type}", headers, echo_headers)
 
 
 def stream_error(
@@ -541,7 +546,11 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _send_error(self, error: ErrorReply, index: int) -> None:
         request_id = f"req_fake_{index}"
-        body = _error_body(error.error_type, error.message, request_id)
+        message = error.message
+        if error.echo_headers:
+            headers = dict(self.fake.requests[index].headers)
+            message = f"{message} (request headers: {json.dumps(headers)})"
+        body = _error_body(error.error_type, message, request_id)
         self._send_json(error.status, body, {"request-id": request_id, **error.headers})
 
     def _send_stream(

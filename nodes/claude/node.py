@@ -30,7 +30,7 @@ from typing import Any
 
 import anyio
 from flowkernel.context import NodeContext
-from flowkernel.errors import NodeFailure, Problem
+from flowkernel.errors import NodeFailure, PatternTimeoutError, Problem
 from flowkernel.events import USAGE_KEYS, AgentComplete, AgentError, AgentStart, AgentTool, AgentUsage
 from flowkernel.jsonschemas import instance_errors
 from flowkernel.lineage import Lineage, find_lineage
@@ -91,12 +91,26 @@ def _parse_json_answer(text: str) -> Any:
     return json.loads(body)
 
 
-def _schema_problem(text: str, schema: dict[str, Any]) -> tuple[Any, str | None]:
+async def _schema_problem(text: str, schema: dict[str, Any], ctx: NodeContext) -> tuple[Any, str | None]:
+    """The answer's value, and how it fails ``schema`` (None if it does not). Validated off the event loop
+    under the run's expression limits: the schema's patterns come from the flow, the value from the model."""
     try:
         value = _parse_json_answer(text)
     except json.JSONDecodeError as exc:
         return None, f"the answer is not JSON ({exc})"
-    errors = instance_errors(schema, value)
+    from flowkernel.expression_scope import EvaluationCancelled, Scope
+    from flowkernel.offload import CANCELLED, call_off_loop, expression_limits
+
+    def check() -> list[tuple[str, str]]:
+        return instance_errors(schema, value, schema_at=f"{ctx.node_id}.input.outputSchema")
+
+    try:
+        errors = await call_off_loop(Scope(expression_limits(ctx.services)), check)
+    except PatternTimeoutError as exc:  # the schema's fault, not the answer's: asking again would not help
+        raise NodeFailure(f"node {ctx.node_id!r}: checking the answer against outputSchema: "
+                          f"{exc.where.lstrip('.') or '(root)'}: {exc}", "error_output_schema") from None
+    if errors is CANCELLED:
+        raise EvaluationCancelled
     if errors:
         return value, "; ".join(f"{where.lstrip('.') or '(root)'}: {message}" for where, message in errors)
     return value, None
@@ -253,7 +267,8 @@ class _Execution:
         stored = await self._pick_up(transcript)
         # A final answer stored before the interruption stands, as it would have (checked like a new one).
         if stored is not None and (cfg.output_schema is None
-                                   or not self._check_output(transcript, stored["content"], int(stored["step"]))):
+                                   or not await self._check_output(transcript, stored["content"],
+                                                                   int(stored["step"]))):
             stop = (stored.get("modelCall") or {}).get("stopReason", "end_turn")
             return await self._finish(transcript, {"content": stored["content"], "stopReason": stop})
         last: ModelMessage | None = None
@@ -284,7 +299,7 @@ class _Execution:
             if stop == "pause_turn":
                 continue  # a server tool paused the turn: send the conversation back as it is
             if cfg.output_schema is not None and stop in ("end_turn", "stop_sequence", "max_tokens"):
-                problem = self._check_output(transcript, content, step)
+                problem = await self._check_output(transcript, content, step)
                 if problem:
                     continue
             return await self._finish(transcript, last)
@@ -387,10 +402,10 @@ class _Execution:
     def _request(self, transcript: Transcript) -> dict[str, Any]:
         return build_request(self.cfg, list(transcript.messages), [t.definition() for t in self.tools.values()])
 
-    def _check_output(self, transcript: Transcript, content: list[dict[str, Any]], step: int) -> bool:
+    async def _check_output(self, transcript: Transcript, content: list[dict[str, Any]], step: int) -> bool:
         """Validate the answer against ``outputSchema``; True if the model was asked to correct it."""
         assert self.cfg.output_schema is not None
-        _, problem = _schema_problem(_text_of(content), self.cfg.output_schema)
+        _, problem = await _schema_problem(_text_of(content), self.cfg.output_schema, self.ctx)
         if problem is None:
             return False
         retry = self.schema_tries < self.cfg.output_retries
@@ -446,7 +461,7 @@ class _Execution:
         text = _text_of(content)
         structured = None
         if self.cfg.output_schema is not None:
-            structured, problem = _schema_problem(text, self.cfg.output_schema)
+            structured, problem = await _schema_problem(text, self.cfg.output_schema, self.ctx)
             if problem is not None:
                 raise NodeFailure(f"node {self.ctx.node_id!r}: the answer does not match outputSchema: {problem}",
                                   "error_output_schema")

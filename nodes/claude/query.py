@@ -27,6 +27,7 @@ from flowkernel.errors import NodeFailure
 from flowkernel.events import AgentError, AgentTextDelta, AgentThinkingDelta, BaseEvent
 from flowkernel.nodes.claude.credentials import has_key, how_to_call, missing_credentials, sdk_may_discover
 from flowkernel.query import ModelMessage, QueryContext
+from flowkernel.redaction import register_secret
 
 
 class QueryFailed(NodeFailure):
@@ -197,6 +198,10 @@ class AnthropicQuery:
         self._client = client
         self._base_url = base_url
         self._api_key = api_key
+        register_secret(api_key)
+        if client is not None:
+            register_secret(client.api_key)
+            register_secret(client.auth_token)
         self.max_retries = max_retries
         self.backoff_s = backoff_s
         self.max_backoff_s = max_backoff_s
@@ -218,6 +223,8 @@ class AnthropicQuery:
             try:
                 client = anthropic.AsyncAnthropic(base_url=self._base_url, api_key=self._api_key, max_retries=0,
                                                   default_headers=headers or None)
+                register_secret(client.api_key)  # (whatever the environment gave it: never written)
+                register_secret(client.auth_token)
             except anthropic.AnthropicError as exc:
                 raise QueryFailed(f"cannot create the Anthropic client: {exc}; set ANTHROPIC_API_KEY",
                                   "authentication") from None

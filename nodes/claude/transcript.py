@@ -16,6 +16,7 @@ from flowkernel.context import NodeContext
 from flowkernel.errors import LeaseLostError
 from flowkernel.events import AgentError
 from flowkernel.ids import now_ms
+from flowkernel.redaction import redacted
 
 PAGE = 500
 
@@ -87,7 +88,7 @@ class Transcript:
 
     def write(self, what: str, fn: Callable[[dict[str, Any]], int], fields: dict[str, Any]) -> int | None:
         row = {"flowRunId": self.ctx.flow_run_id, "runId": self.ctx.run_id, "nodeId": self.ctx.node_id,
-               "sessionId": self.session_id, "createdAt": now_ms(), **fields}
+               "sessionId": self.session_id, "createdAt": now_ms(), **redacted(fields)}
         try:
             return fn(row)
         except LeaseLostError:
