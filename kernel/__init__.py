@@ -16,7 +16,12 @@ if TYPE_CHECKING:
     from importlib.abc import Loader, MetaPathFinder
 
 # Old documented path -> where that module lives now.
-_MOVED: dict[str, str] = {}
+_MOVED: dict[str, str] = {
+    "flowkernel.events": "flowkernel.core.events",
+    "flowkernel.nesting": "flowkernel.core.nesting",
+    "flowkernel.reducer": "flowkernel.core.reducer",
+    "flowkernel.state_ops": "flowkernel.core.state_ops",
+}
 
 
 class _MovedModules:

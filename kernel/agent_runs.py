@@ -24,7 +24,7 @@ from typing import Any
 
 import msgspec
 from flowkernel.compiler import CompiledFlow
-from flowkernel.events import (
+from flowkernel.core.events import (
     USAGE_KEYS,
     AgentComplete,
     AgentStart,
@@ -41,8 +41,8 @@ from flowkernel.events import (
     NodeStart,
     NodeWaiting,
 )
-from flowkernel.reducer import FlowLookup, apply, initial_snapshot, own
-from flowkernel.snapshot import RunSnapshot
+from flowkernel.core.reducer import FlowLookup, apply, initial_snapshot, own
+from flowkernel.core.snapshot import RunSnapshot
 from flowkernel.store.base import AgentRun, Store
 
 AGENT_NODE_TYPES = frozenset({"claude.agent"})
@@ -173,7 +173,7 @@ class AgentRunFold:
 def fold_agent_runs(flow: CompiledFlow, events: Sequence[BaseEvent], *,
                     flows: FlowLookup | None = None) -> list[AgentRun]:
     """Every agent run of a run, from its whole log, in the order they started: what the table holds.
-    ``flow`` and ``flows`` as for ``flowkernel.reducer.fold``."""
+    ``flow`` and ``flows`` as for ``flowkernel.core.reducer.fold``."""
     if not events:
         return []
     fold = AgentRunFold(flow, events[0].flowRunId, None)
@@ -197,7 +197,7 @@ def fold_stored(document: str, bodies: Sequence[bytes]) -> list[AgentRun]:
     import json
 
     from flowkernel.compiler import compile_flow
-    from flowkernel.events import decode
+    from flowkernel.core.events import decode
 
     flow = compile_flow(json.loads(document), node_types=(), trusted=True)  # validated when it was stored
     return fold_agent_runs(flow, [decode(b) for b in bodies])

@@ -21,24 +21,12 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import anyio
 import msgspec
 from flowkernel.agent_runs import AgentRunFold
-from flowkernel.budgets import run_limit
 from flowkernel.checkpoint import decode_checkpoint, encode_checkpoint
-from flowkernel.commands import Command, CommandOutcome, judge_command, unstorable_at
 from flowkernel.committer import Committer
 from flowkernel.compiler import CompiledFlow, compile_flow, load_flow
-from flowkernel.errors import (
-    CommandRejectedError,
-    FlowkernelError,
-    FlowUpdateError,
-    InvalidInputError,
-    KernelFault,
-    LeaseLostError,
-    PatternTimeoutError,
-    RunBusyError,
-    RunInputError,
-    StoreError,
-)
-from flowkernel.events import (
+from flowkernel.core.budgets import run_limit
+from flowkernel.core.commands import Command, CommandOutcome, judge_command, unstorable_at
+from flowkernel.core.events import (
     BaseEvent,
     CommandReceived,
     Event,
@@ -51,18 +39,30 @@ from flowkernel.events import (
     encode,
     encoder,
 )
+from flowkernel.core.nesting import MAX_DEPTH
+from flowkernel.core.nonfinite import loads_strict
+from flowkernel.core.reducer import FlowLookup, fold, initial_snapshot
+from flowkernel.core.snapshot import RunSnapshot
+from flowkernel.errors import (
+    CommandRejectedError,
+    FlowkernelError,
+    FlowUpdateError,
+    InvalidInputError,
+    KernelFault,
+    LeaseLostError,
+    PatternTimeoutError,
+    RunBusyError,
+    RunInputError,
+    StoreError,
+)
 from flowkernel.flow_tree import first_unavailable
 from flowkernel.gc_pause import collector_paused
 from flowkernel.ids import new_run_id, now_ms
-from flowkernel.nesting import MAX_DEPTH
-from flowkernel.nonfinite import loads_strict
 from flowkernel.offload import limits_from_env
 from flowkernel.redaction import holds_secret, redact_bytes
-from flowkernel.reducer import FlowLookup, fold, initial_snapshot
 from flowkernel.registry import Registry, default_registry
 from flowkernel.runner import COMMAND_POLL_S, EventListener, RunExecution
 from flowkernel.settings import RunSettings, check_fixtures, import_plugins
-from flowkernel.snapshot import RunSnapshot
 from flowkernel.store.base import AgentRun, CreateRequest, EventRow, Lease, RunRecord, Store
 from flowkernel.worker_defaults import DEFAULT_LEASE_S
 from msgspec.structs import replace
@@ -1055,7 +1055,7 @@ class Kernel:
 
     def _append_now(self, snap: RunSnapshot, drafts: list[BaseEvent], lease: Lease, *,
                     release: bool = False) -> RunSnapshot:
-        from flowkernel.reducer import apply
+        from flowkernel.core.reducer import apply
 
         record = self.store.get_run(snap.runId)
         flow = self.stored_flow(snap.flowHash, record)

@@ -13,9 +13,9 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import msgspec
-from flowkernel.nesting import clipped, read_deep
+from flowkernel.core.nesting import clipped, read_deep
+from flowkernel.core.snapshot import RunSnapshot
 from flowkernel.packing import LEAF, PACKED_PREFIX, Fetch, Packer, Resolver, blob_refs
-from flowkernel.snapshot import RunSnapshot
 from msgspec.structs import replace
 
 if TYPE_CHECKING:

@@ -5,11 +5,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
+from flowkernel.core.events import BaseEvent, InboxConsumed, StatePatch, encoder
+from flowkernel.core.nonfinite import check_encoded
+from flowkernel.core.snapshot import InboxMessage, RunSnapshot
+from flowkernel.core.state_ops import OPS, apply_patch, apply_patches
 from flowkernel.errors import NodeFailure
-from flowkernel.events import BaseEvent, InboxConsumed, StatePatch, encoder
-from flowkernel.nonfinite import check_encoded
-from flowkernel.snapshot import InboxMessage, RunSnapshot
-from flowkernel.state_ops import OPS, apply_patch, apply_patches
 
 if TYPE_CHECKING:
     from flowkernel.compiler import CompiledFlow
@@ -90,7 +90,7 @@ class NodeContext:
 
     def binding_context(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """What a ``{{ }}`` in this node would see now: the context and the ``$`` variables."""
-        from flowkernel.scheduling import binding_context, item_variables
+        from flowkernel.core.scheduling import binding_context, item_variables
 
         snap = self._shell.current_snapshot()
         ctx = binding_context(snap)
@@ -182,7 +182,7 @@ class NodeContext:
         await self._shell.wait_for_pause()
 
     def raised_budget(self) -> float | None:
-        """The limit ``resume --budget`` last set for this node (``flowkernel.budgets``), if any."""
+        """The limit ``resume --budget`` last set for this node (``flowkernel.core.budgets``), if any."""
         return self._shell.current_snapshot().costLimits.get(self.node_id)
 
     @property

@@ -13,7 +13,7 @@ Pure: a snapshot and two compiled flows in, the list of problems out (empty: the
 from __future__ import annotations
 
 from flowkernel.compiler import CompiledEdge, CompiledFlow
-from flowkernel.snapshot import RunSnapshot
+from flowkernel.core.snapshot import RunSnapshot
 
 
 def _kind(edge: CompiledEdge) -> str:

@@ -9,10 +9,9 @@ import re
 from pathlib import Path
 from typing import Any
 
+from flowkernel.core.nesting import MAX_DEPTH, deep_point, describe
 from flowkernel.errors import FlowFileError
-from flowkernel.json_depth import deep_point, describe
 from flowkernel.localfiles import DEFAULT_MAX_FLOW_BYTES, MAX_FLOW_BYTES_ENV, limit_from_env, read_limited
-from flowkernel.nesting import MAX_DEPTH
 
 
 def read_flow_document(path: Path) -> tuple[Any, str]:

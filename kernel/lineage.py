@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from flowkernel.events import AgentStart, FlowResumed, InboxConsumed, NodeError, NodeStart, decode
+from flowkernel.core.events import AgentStart, FlowResumed, InboxConsumed, NodeError, NodeStart, decode
 from flowkernel.store.base import Store
 
 # Events worth decoding: the rest of a long run's log (deltas, tool events) is skipped unread.

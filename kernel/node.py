@@ -15,7 +15,7 @@ from flowkernel.jsonschemas import BINDING_SCHEMA, check_schema
 
 if TYPE_CHECKING:
     from flowkernel.context import NodeContext
-    from flowkernel.events import FlowPaused
+    from flowkernel.core.events import FlowPaused
 
 
 @dataclass(frozen=True, slots=True)

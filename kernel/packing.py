@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import msgspec
-from flowkernel.nesting import MARKER, MAX_DEPTH, clipped, read_deep
+from flowkernel.core.nesting import MARKER, MAX_DEPTH, clipped, read_deep
 
 LEAF = 8  # list items per leaf block
 FANOUT = 8  # blocks per block of the next level
@@ -80,7 +80,7 @@ class Packer:
     them in the same transaction (they are content-addressed: storing one twice changes nothing).
     ``nulls`` turns true when a blob or block packed since it was last reset holds a ``null``: where
     the encoder wrote a NaN or Infinity too, so a packed value without one needs no look for them
-    (``flowkernel.nonfinite``).
+    (``flowkernel.core.nonfinite``).
     """
 
     def __init__(self) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol, TypedDict
 
-from flowkernel.events import BaseEvent
+from flowkernel.core.events import BaseEvent
 
 
 class ModelMessage(TypedDict, total=False):

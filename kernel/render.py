@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TextIO
 
 from flowkernel.cli.wording import plural
-from flowkernel.events import (
+from flowkernel.core.events import (
     AgentComplete,
     AgentError,
     AgentStart,
@@ -41,7 +41,7 @@ from flowkernel.events import (
     StatePatch,
     decode,
 )
-from flowkernel.snapshot import RunSnapshot, undelivered_answer
+from flowkernel.core.snapshot import RunSnapshot, undelivered_answer
 from flowkernel.store.base import RunRecord
 from flowkernel.summaries import RunSummary
 
@@ -448,7 +448,7 @@ class LiveView:
     def _flow_paused(self, ev: FlowPaused, run: str) -> None:
         why = ev.reason or ""
         if why == "budget":
-            from flowkernel.budgets import money
+            from flowkernel.core.budgets import money
 
             whose = f"node {ev.nodeId}'s" if ev.nodeId else "the run's"
             why = f"budget: {money(ev.costUsd or 0)} spent, {whose} limit is {money(ev.limitUsd or 0)}"
@@ -457,7 +457,7 @@ class LiveView:
     def _flow_resumed(self, ev: FlowResumed, run: str) -> None:
         why = ev.message or ""
         if ev.budgetUsd is not None:
-            from flowkernel.budgets import money
+            from flowkernel.core.budgets import money
 
             why = f"{why} (budget raised to {money(ev.budgetUsd)})".strip()
         self._line(self._c("33", "▶"), "resumed", why)
@@ -514,7 +514,7 @@ def show_snapshot(record: RunRecord, snap: RunSnapshot, out: TextIO, summary: Ru
     out.write(f"run      {record.runId}\nflow     {record.flowName}  ({snap.flowHash[:19]}…)\n")
     out.write(f"status   {status}" + (f"  error: {snap.error}" if snap.error else "") + "\n")
     if snap.status == "paused" and snap.budgetPause is not None:
-        from flowkernel.budgets import pause_hint
+        from flowkernel.core.budgets import pause_hint
 
         what, command = pause_hint(snap.runId, snap.budgetPause)
         out.write(f"budget   {what}: {command}{again}\n")

@@ -22,14 +22,13 @@ import msgspec
 from anyio.abc import TaskGroup
 from flowkernel import telemetry
 from flowkernel.agent_runs import FOLDED, AgentRunFold
-from flowkernel.budgets import has_budgets, over_budget, run_limit
 from flowkernel.checkpoint import encode_checkpoint
-from flowkernel.commands import Command, CommandOutcome, judge_command, refusal
 from flowkernel.committer import Committer
 from flowkernel.compiler import CompiledFlow
 from flowkernel.context import NodeContext
-from flowkernel.errors import FlowkernelError, LeaseLostError, NodeFailure, StoreError
-from flowkernel.events import (
+from flowkernel.core.budgets import has_budgets, over_budget, run_limit
+from flowkernel.core.commands import Command, CommandOutcome, judge_command, refusal
+from flowkernel.core.events import (
     AgentError,
     AgentText,
     AgentTextDelta,
@@ -55,18 +54,19 @@ from flowkernel.events import (
     decode,
     encoder,
 )
+from flowkernel.core.nonfinite import check_encoded, refuse_non_finite
+from flowkernel.core.reducer import ALL, apply, own
+from flowkernel.core.scheduling import Decision, Progress, awake, decide
+from flowkernel.core.snapshot import InboxMessage, RunSnapshot
+from flowkernel.errors import FlowkernelError, LeaseLostError, NodeFailure, StoreError
 from flowkernel.expression_scope import INLINE_ONLY, NeedsThread, Scope, set_scope
 from flowkernel.expressions import is_constant
 from flowkernel.ids import new_node_run_id
 from flowkernel.node import Interrupted, WaitFor
-from flowkernel.nonfinite import check_encoded, refuse_non_finite
 from flowkernel.offload import CANCELLED, call_off_loop, expression_limits
 from flowkernel.packing import LEAF, PACKED_PREFIX, Packer
 from flowkernel.redaction import holds_secret, redact_bytes
-from flowkernel.reducer import ALL, apply, own
 from flowkernel.registry import Registry
-from flowkernel.scheduling import Decision, Progress, awake, decide
-from flowkernel.snapshot import InboxMessage, RunSnapshot
 from flowkernel.store.base import CommitRequest, EventRow, Lease, RunTotals, Store
 from flowkernel.store.fenced import fenced
 from msgspec.structs import replace
@@ -493,7 +493,7 @@ class RunExecution:
         self._append(paused)
 
     def _check_budget(self, node_id: str | None) -> None:
-        """Pause when what was spent reached a limit (flowkernel.budgets): after a model call of
+        """Pause when what was spent reached a limit (flowkernel.core.budgets): after a model call of
         ``node_id``, or after a node run finished (a child run may have spent)."""
         if self.snap.status != "running":
             return
@@ -971,7 +971,7 @@ def _json_already(draft: BaseEvent) -> bool:
 
 
 _encode = encoder.encode
-_NULL = b"null"  # in an encoded payload wherever a None was, or a NaN or Infinity (flowkernel.nonfinite)
+_NULL = b"null"  # in an encoded payload wherever a None was, or a NaN or Infinity (flowkernel.core.nonfinite)
 
 # The field of an event that carries a node's data, and when that data is large enough to pack: a long
 # list or a long string, at most three levels down (a transcript in an output, a history in the args of

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgspec
-from flowkernel.events import USAGE_KEYS
+from flowkernel.core.events import USAGE_KEYS
 from flowkernel.store.base import RunRecord, RunTotals, Store
 
 FINISHED = frozenset({"completed", "failed", "aborted"})

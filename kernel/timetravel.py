@@ -22,8 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from flowkernel.agent_runs import fold_agent_runs
 from flowkernel.checkpoint import encode_checkpoint
-from flowkernel.errors import InvalidInputError
-from flowkernel.events import (
+from flowkernel.core.events import (
     AgentError,
     AgentStart,
     AgentTool,
@@ -42,9 +41,10 @@ from flowkernel.events import (
     encode,
     to_dict,
 )
+from flowkernel.core.reducer import fold
+from flowkernel.core.snapshot import RunSnapshot
+from flowkernel.errors import InvalidInputError
 from flowkernel.ids import new_run_id, now_ms
-from flowkernel.reducer import fold
-from flowkernel.snapshot import RunSnapshot
 from flowkernel.store.base import EventRow, RunRecord
 
 if TYPE_CHECKING:

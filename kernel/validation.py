@@ -10,6 +10,7 @@ import math
 from collections.abc import Collection, Container
 from typing import Any
 
+from flowkernel.core.nesting import MAX_DEPTH
 from flowkernel.errors import FlowValidationError, Problem
 from flowkernel.expressions import (
     Expr,
@@ -20,7 +21,6 @@ from flowkernel.expressions import (
     quoted,
     strip_braces,
 )
-from flowkernel.nesting import MAX_DEPTH
 from flowkernel.node import KnownNames
 from flowkernel.references import references, yields_function
 

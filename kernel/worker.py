@@ -38,10 +38,10 @@ import anyio
 import anyio.abc
 import anyio.to_thread
 from flowkernel.api import Kernel, owner_dead
+from flowkernel.core.snapshot import RunSnapshot
 from flowkernel.errors import FlowkernelError, LeaseLostError
 from flowkernel.ids import now_ms
 from flowkernel.runner import RunExecution
-from flowkernel.snapshot import RunSnapshot
 from flowkernel.store.base import Claim, WorkerRecord
 from flowkernel.worker_defaults import DEFAULT_CONCURRENCY, DEFAULT_GRACE_S
 

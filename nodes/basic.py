@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from flowkernel.core.state_ops import OPS
 from flowkernel.errors import ExpressionError, NodeFailure, Problem
-from flowkernel.state_ops import OPS
 
 # What runs a node is imported when one runs: checking a flow that is known to be valid (the
 # validation cache) reads the node types but should not pay for the expression engine or msgspec.

@@ -7,14 +7,14 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 from flowkernel.context import NodeContext
+from flowkernel.core.events import FlowPaused, NodeStart
 from flowkernel.errors import FlowkernelError, NodeFailure, Problem
-from flowkernel.events import FlowPaused, NodeStart
 from flowkernel.localfiles import resolve_inside
 from flowkernel.node import INTERRUPTED, Interrupted, WaitFor, bindable
 
 if TYPE_CHECKING:
     from flowkernel.api import Kernel
-    from flowkernel.snapshot import RunSnapshot
+    from flowkernel.core.snapshot import RunSnapshot
 
 DEFAULT_MAX_DEPTH = 8
 
@@ -99,7 +99,7 @@ class FlowCallNode:
         raise NodeFailure(f"child run {child_id} ({target}) {snap.status}: {snap.error}", "child_" + snap.status)
 
     async def _drive(self, kernel: Kernel, ctx: NodeContext, child_id: str, adopted: bool) -> Any:
-        from flowkernel.commands import Command
+        from flowkernel.core.commands import Command
 
         record = kernel.store.get_run(child_id)
         resume_message = next((m.content for m in ctx.inbox() if m.kind == "resume"), None)
@@ -171,7 +171,7 @@ def _budget_for(kernel: Kernel, ctx: NodeContext, child_id: str) -> float | None
 
 
 def _continue_waiting(snap: Any) -> list[Any]:
-    from flowkernel.events import FlowResumed
+    from flowkernel.core.events import FlowResumed
 
     # A waiting child whose inbox now holds a reply continues; otherwise it stays as it is.
     if snap.status == "waiting" and any(snap.inbox.get(w.runId) for w in snap.waiting.values()):
@@ -180,7 +180,7 @@ def _continue_waiting(snap: Any) -> list[Any]:
 
 
 async def _abort_quietly(kernel: Kernel, child_id: str) -> None:
-    from flowkernel.commands import Command
+    from flowkernel.core.commands import Command
 
     try:
         await kernel.command(child_id, Command(kind="abort", reason="parent aborted"))

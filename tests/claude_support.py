@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from flowkernel.api import Kernel
-from flowkernel.events import Event
+from flowkernel.core.events import Event
 from flowkernel.nodes.claude.query import AnthropicQuery
 from flowkernel.registry import Registry, default_registry
 from flowkernel.store.sqlite import SqliteStore

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from flowkernel.api import Kernel
-from flowkernel.events import Event
+from flowkernel.core.events import Event
 
 ROOT = Path(__file__).resolve().parent.parent
 KILLED = -signal.SIGKILL

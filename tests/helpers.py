@@ -8,9 +8,9 @@ from typing import Any
 
 import anyio
 from flowkernel.api import Kernel
-from flowkernel.events import BaseEvent
+from flowkernel.core.events import BaseEvent
+from flowkernel.core.snapshot import RunSnapshot
 from flowkernel.registry import Registry, default_registry
-from flowkernel.snapshot import RunSnapshot
 from flowkernel.store.base import Store
 from flowkernel.store.memory import MemoryStore
 

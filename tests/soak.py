@@ -276,7 +276,7 @@ class Outcome:
 
 def outcome(db: Path, run_id: str) -> Outcome:
     """Everything the soak compares, read from the store, plus what is wrong whatever the reference."""
-    from flowkernel.events import EdgeFire, EdgeSkip, FlowComplete, FlowResumed, NodeComplete
+    from flowkernel.core.events import EdgeFire, EdgeSkip, FlowComplete, FlowResumed, NodeComplete
     from flowkernel.testing.audit import audit_run
 
     def read(kernel: Any) -> Outcome:

@@ -8,8 +8,8 @@ from typing import Any
 import anyio
 import pytest
 from flowkernel.api import Kernel
-from flowkernel.commands import Command
-from flowkernel.events import BaseEvent
+from flowkernel.core.commands import Command
+from flowkernel.core.events import BaseEvent
 from flowkernel.store.base import Lease
 from flowkernel.store.sqlite import SqliteStore
 

@@ -20,10 +20,10 @@ from typing import Any
 
 import anyio
 import pytest
-from flowkernel.commands import Command, judge_command
+from flowkernel.core.commands import Command, judge_command
+from flowkernel.core.events import AgentTool, AgentUsage, FlowPaused, FlowResumed, NodeStart
+from flowkernel.core.reducer import fold
 from flowkernel.errors import CommandRejectedError
-from flowkernel.events import AgentTool, AgentUsage, FlowPaused, FlowResumed, NodeStart
-from flowkernel.reducer import fold
 from flowkernel.testing.audit import audit_run
 from flowkernel.testing.fake_api import FakeAnthropic, Text, ToolUse, held, reply
 
@@ -240,8 +240,8 @@ async def test_a_child_paused_by_its_own_budget_pauses_the_parent_and_resume_bud
 
 def test_the_budget_to_resume_with_is_judged_before_anything_is_recorded() -> None:
     from flowkernel.compiler import compile_flow
-    from flowkernel.events import FlowStart
-    from flowkernel.reducer import initial_snapshot
+    from flowkernel.core.events import FlowStart
+    from flowkernel.core.reducer import initial_snapshot
     from flowkernel.registry import default_registry
 
     flow = compile_flow({"name": "f", "nodes": [{"id": "a", "type": "noop"}]}, default_registry().node_types)
@@ -452,10 +452,10 @@ def test_retry_over_http_of_a_failed_run_that_has_spent_its_budget_is_refused_as
 # --- the rule, pure ---------------------------------------------------------------------------------
 
 def test_a_limit_is_reached_when_the_cost_equals_it_in_cents_whatever_the_float_sum_says() -> None:
-    from flowkernel.budgets import over_budget
     from flowkernel.compiler import compile_flow
-    from flowkernel.events import FlowStart
-    from flowkernel.reducer import initial_snapshot
+    from flowkernel.core.budgets import over_budget
+    from flowkernel.core.events import FlowStart
+    from flowkernel.core.reducer import initial_snapshot
     from flowkernel.registry import default_registry
 
     flow = compile_flow({"name": "f", "budget": {"maxCostUsd": 0.3},

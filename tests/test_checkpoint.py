@@ -9,8 +9,8 @@ import anyio
 from flowkernel.api import Kernel
 from flowkernel.checkpoint import LEAF, decode_checkpoint, encode_checkpoint, load_checkpoint
 from flowkernel.context import NodeContext
+from flowkernel.core.snapshot import RunSnapshot
 from flowkernel.packing import FANOUT
-from flowkernel.snapshot import RunSnapshot
 from flowkernel.store.sqlite import SqliteStore
 from msgspec.structs import replace
 

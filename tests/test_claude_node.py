@@ -12,8 +12,7 @@ from typing import Any
 
 import anyio
 import pytest
-from flowkernel.errors import FlowValidationError
-from flowkernel.events import (
+from flowkernel.core.events import (
     AgentComplete,
     AgentError,
     AgentStart,
@@ -21,6 +20,7 @@ from flowkernel.events import (
     AgentThinkingDelta,
     AgentTool,
 )
+from flowkernel.errors import FlowValidationError
 from flowkernel.testing.fake_api import (
     FakeAnthropic,
     Text,

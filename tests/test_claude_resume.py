@@ -16,8 +16,8 @@ from pathlib import Path
 
 import anyio
 import pytest
-from flowkernel.commands import Command
-from flowkernel.events import AgentTool, BaseEvent, NodeStart
+from flowkernel.core.commands import Command
+from flowkernel.core.events import AgentTool, BaseEvent, NodeStart
 from flowkernel.testing.fake_api import FakeAnthropic, Text, ToolUse, held, reply
 
 from tests.claude_support import agent_events, agent_flow, make_kernel, sent, stored_conversation

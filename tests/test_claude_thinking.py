@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from flowkernel.core.events import AgentThinkingDelta
 from flowkernel.errors import FlowValidationError
-from flowkernel.events import AgentThinkingDelta
 from flowkernel.testing.fake_api import FakeAnthropic, Text, Thinking, ToolUse, reply
 from flowkernel.tools import tool
 

@@ -8,9 +8,9 @@ from typing import Any
 import anyio
 import pytest
 from flowkernel.api import Kernel
-from flowkernel.commands import Command
+from flowkernel.core.commands import Command
+from flowkernel.core.events import CommandReceived, FlowPaused, FlowResumed, NodeStart, NodeWaiting
 from flowkernel.errors import CommandRejectedError
-from flowkernel.events import CommandReceived, FlowPaused, FlowResumed, NodeStart, NodeWaiting
 from flowkernel.registry import default_registry
 from flowkernel.store.sqlite import SqliteStore
 

@@ -14,9 +14,9 @@ from typing import IO, Any
 import anyio
 import pytest
 from flowkernel.api import Kernel
-from flowkernel.commands import PREVIEW_CHARS, Command
+from flowkernel.core.commands import PREVIEW_CHARS, Command
+from flowkernel.core.events import CommandReceived
 from flowkernel.errors import CommandRejectedError
-from flowkernel.events import CommandReceived
 from flowkernel.node import WaitFor
 from flowkernel.store.sqlite import SqliteStore
 

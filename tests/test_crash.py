@@ -27,7 +27,7 @@ from typing import Any
 import msgspec
 import pytest
 from flowkernel.api import Kernel
-from flowkernel.events import Event, NodeComplete, NodeStart
+from flowkernel.core.events import Event, NodeComplete, NodeStart
 
 ROOT = Path(__file__).resolve().parents[1]
 BRANCHES = 4

@@ -17,10 +17,10 @@ import anyio
 import pytest
 from flowkernel import registry as registry_module
 from flowkernel.api import Kernel
-from flowkernel.commands import Command
 from flowkernel.compiler import compile_flow
+from flowkernel.core.commands import Command
+from flowkernel.core.events import BaseEvent
 from flowkernel.errors import FlowValidationError
-from flowkernel.events import BaseEvent
 from flowkernel.registry import Blocking, Registry, default_registry
 from flowkernel.store.memory import MemoryStore
 from flowkernel.tools import as_tool

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from flowkernel.events import NodeComplete, NodeStart, decode, encode
+from flowkernel.core.events import NodeComplete, NodeStart, decode, encode
 
 ROOT = Path(__file__).resolve().parent.parent
 HELLO = ROOT / "flows" / "hello.json"

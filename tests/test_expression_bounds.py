@@ -15,7 +15,7 @@ from typing import IO, Any
 import anyio
 import pytest
 from flowkernel.api import Kernel
-from flowkernel.commands import Command
+from flowkernel.core.commands import Command
 from flowkernel.errors import ExpressionLimitError, InvalidInputError
 from flowkernel.expression_bounds import ExpressionLimits
 from flowkernel.expressions import Expr

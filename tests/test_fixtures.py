@@ -10,8 +10,8 @@ from typing import Any
 import anyio
 import pytest
 from flowkernel.api import Kernel
+from flowkernel.core.events import NodeError
 from flowkernel.errors import FlowkernelError
-from flowkernel.events import NodeError
 from flowkernel.fixtures import (
     FixtureError,
     MockQuery,

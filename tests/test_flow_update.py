@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 from flowkernel.compiler import compile_flow
+from flowkernel.core.reducer import fold
 from flowkernel.flow_update import incompatibilities
-from flowkernel.reducer import fold
 from flowkernel.registry import default_registry
 from flowkernel.store.sqlite import SqliteStore
 from flowkernel.testing.audit import audit_store

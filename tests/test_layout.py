@@ -13,12 +13,11 @@ ROOT = Path(__file__).resolve().parent.parent
 # The pure core: the flow model, the compiler, expressions (and their bounds), the reducer and the scheduling rules,
 # events and the snapshot, and the node-type protocol. None of it may import the run shell, the
 # stores, the CLI or anything that executes runs.
-CORE = {"flowkernel.budgets", "flowkernel.flow", "flowkernel.flowfile", "flowkernel.compiler", "flowkernel.expressions",
-        "flowkernel.expression_bounds", "flowkernel.expression_scope", "flowkernel.bounded_regex", "flowkernel.nesting",
-        "flowkernel.reducer", "flowkernel.scheduling", "flowkernel.events", "flowkernel.snapshot",
-        "flowkernel.state_ops", "flowkernel.errors", "flowkernel.ids", "flowkernel.node",
+CORE = {"flowkernel.core.budgets", "flowkernel.flow", "flowkernel.flowfile", "flowkernel.compiler", "flowkernel.expressions",
+        "flowkernel.expression_bounds", "flowkernel.expression_scope", "flowkernel.bounded_regex", "flowkernel.core.nesting",
+        "flowkernel.core.reducer", "flowkernel.core.scheduling", "flowkernel.core.events", "flowkernel.core.snapshot",
+        "flowkernel.core.state_ops", "flowkernel.errors", "flowkernel.ids", "flowkernel.node",
         "flowkernel.validation", "flowkernel.references", "flowkernel.jsonschemas", "flowkernel.localfiles",
-        "flowkernel.json_depth",
         "flowkernel.flow_update"}
 
 

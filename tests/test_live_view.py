@@ -10,7 +10,7 @@ from typing import Any
 import anyio
 import msgspec
 from flowkernel.api import Kernel
-from flowkernel.events import (
+from flowkernel.core.events import (
     AgentTextDelta,
     CommandReceived,
     EdgeFire,

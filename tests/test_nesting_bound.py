@@ -1,4 +1,4 @@
-"""JSON nested deeper than flowkernel.nesting.MAX_DEPTH is refused at the door with the JSON path where
+"""JSON nested deeper than flowkernel.core.nesting.MAX_DEPTH is refused at the door with the JSON path where
 the bound is passed; a run already stored deeper (before the bound, or written by a node) still lists,
 shows (with a marker) and exports."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from flowkernel.nesting import MARKER, MAX_DEPTH, clipped, clipped_text
+from flowkernel.core.nesting import MARKER, MAX_DEPTH, clipped, clipped_text
 
 from tests.server_support import serving
 

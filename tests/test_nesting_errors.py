@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from flowkernel.json_depth import DeepPoint, deep_point
+from flowkernel.core.nesting import DeepPoint, deep_point
 
 SCRIPT = str(Path(sys.executable).with_name("flowkernel"))
 # Valid JSON, deeper than Python's parser goes (its limit is the interpreter's recursion limit, which

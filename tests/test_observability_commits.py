@@ -9,7 +9,7 @@ import anyio
 import pytest
 from flowkernel.api import Kernel
 from flowkernel.context import NodeContext
-from flowkernel.events import AgentTextDelta, BaseEvent, StatePatch
+from flowkernel.core.events import AgentTextDelta, BaseEvent, StatePatch
 from flowkernel.store.memory import MemoryStore
 from flowkernel.store.sqlite import SqliteStore
 
@@ -131,7 +131,7 @@ def test_deltas_waiting_for_their_window_are_committed_when_the_run_pauses() -> 
                     await anyio.sleep(0.01)
                 while len(kernel._executing[run_id]._applied) < 20:
                     await anyio.sleep(0.01)
-            from flowkernel.commands import Command
+            from flowkernel.core.commands import Command
 
             await kernel.command(run_id, Command(kind="pause"))
         return run_id

@@ -7,7 +7,7 @@ from typing import Any
 
 import msgspec
 import pytest
-from flowkernel.events import NodeComplete, encode
+from flowkernel.core.events import NodeComplete, encode
 from flowkernel.packing import FANOUT, LEAF, PACKED_PREFIX, Packer, Resolver
 from flowkernel.store.memory import MemoryStore
 from flowkernel.store.sqlite import SqliteStore

@@ -26,7 +26,7 @@ import pytest
 from flowkernel.api import Kernel
 from flowkernel.checkpoint import load_checkpoint
 from flowkernel.compiler import CompiledFlow, compile_flow
-from flowkernel.events import (
+from flowkernel.core.events import (
     BaseEvent,
     EdgeFire,
     EdgeSkip,
@@ -40,10 +40,10 @@ from flowkernel.events import (
     NodeStart,
     encode,
 )
-from flowkernel.reducer import apply, fold, initial_snapshot, own
+from flowkernel.core.reducer import apply, fold, initial_snapshot, own
+from flowkernel.core.scheduling import Progress, awake, decide, running_count
+from flowkernel.core.snapshot import ForEachState, RunSnapshot
 from flowkernel.registry import Registry, default_registry
-from flowkernel.scheduling import Progress, awake, decide, running_count
-from flowkernel.snapshot import ForEachState, RunSnapshot
 from flowkernel.store.memory import MemoryStore
 from flowkernel.store.sqlite import SqliteStore
 from hypothesis import HealthCheck, given, settings

@@ -18,7 +18,7 @@ from typing import Any
 import anyio
 import pytest
 from flowkernel.api import Kernel
-from flowkernel.events import AgentTool, StatePatch
+from flowkernel.core.events import AgentTool, StatePatch
 from flowkernel.tools import INTERRUPTED_RESULT
 
 from tests.crash_support import (

@@ -21,11 +21,11 @@ import anyio
 import pytest
 from flowkernel.api import Kernel
 from flowkernel.checkpoint import checkpoint_blobs
-from flowkernel.commands import Command
+from flowkernel.core.commands import Command
+from flowkernel.core.reducer import fold
 from flowkernel.errors import RunBusyError, UnknownRunError
 from flowkernel.fixtures import MockQuery
 from flowkernel.ids import now_ms
-from flowkernel.reducer import fold
 from flowkernel.registry import default_registry
 from flowkernel.retention import export_runs, import_runs, prune
 from flowkernel.store.open import open_store

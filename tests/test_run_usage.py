@@ -15,7 +15,7 @@ from pathlib import Path
 
 import anyio
 import pytest
-from flowkernel.events import AgentUsage
+from flowkernel.core.events import AgentUsage
 from flowkernel.nodes.claude.pricing import DEFAULT_PRICES, cost_usd
 from flowkernel.registry import default_registry
 from flowkernel.testing.fake_api import FakeAnthropic, Text, ToolUse, reply

@@ -10,8 +10,7 @@ import anyio
 import msgspec
 import pytest
 from flowkernel.context import NodeContext
-from flowkernel.errors import FlowValidationError
-from flowkernel.events import (
+from flowkernel.core.events import (
     EdgeFire,
     FlowComplete,
     LoopExhausted,
@@ -20,8 +19,9 @@ from flowkernel.events import (
     NodeError,
     NodeSkipped,
 )
-from flowkernel.reducer import fold
-from flowkernel.state_ops import apply_patch
+from flowkernel.core.reducer import fold
+from flowkernel.core.state_ops import apply_patch
+from flowkernel.errors import FlowValidationError
 
 from tests.helpers import flow, py, registry, run_flow, started, t
 

@@ -19,7 +19,7 @@ import pytest
 import regex
 from flowkernel import bounded_regex
 from flowkernel.api import Kernel
-from flowkernel.commands import Command
+from flowkernel.core.commands import Command
 from flowkernel.errors import CommandRejectedError, PatternTimeoutError
 from flowkernel.expression_bounds import ExpressionLimits
 from flowkernel.expression_scope import EvaluationCancelled, Scope, set_scope

@@ -14,7 +14,7 @@ from typing import Any
 import anyio
 import pytest
 from flowkernel.api import Kernel
-from flowkernel.commands import Command
+from flowkernel.core.commands import Command
 from flowkernel.errors import CommandRejectedError
 from flowkernel.registry import default_registry
 from flowkernel.store.open import open_store

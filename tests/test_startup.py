@@ -123,11 +123,11 @@ def test_a_command_exits_without_collecting_what_the_process_holds(tmp_path: Pat
 
 def test_event_and_snapshot_field_types_are_types_not_strings_for_msgspec_to_read() -> None:
     # Strings would be evaluated when msgspec first encodes or decodes the struct, on every start-up.
-    import flowkernel.events
-    import flowkernel.snapshot
+    import flowkernel.core.events
+    import flowkernel.core.snapshot
     import msgspec
 
-    structs = [obj for module in (flowkernel.events, flowkernel.snapshot) for obj in vars(module).values()
+    structs = [obj for module in (flowkernel.core.events, flowkernel.core.snapshot) for obj in vars(module).values()
                if isinstance(obj, type) and issubclass(obj, msgspec.Struct) and obj.__module__ == module.__name__]
     assert len(structs) > 20
     for struct in structs:
@@ -160,7 +160,7 @@ def test_running_a_flow_builds_no_dataclass_of_the_run_shell(tmp_path: Path, cle
     assert done.returncode == 0, done.stderr
     made = done.stderr.rsplit("MADE=", 1)[-1].strip().split(",")
     # (flowkernel.node's stay dataclasses: `validate` of a flow known to be valid imports it, and not msgspec.)
-    shell = ("flowkernel.runner.", "flowkernel.scheduling.", "flowkernel.compiler.", "flowkernel.commands.",
+    shell = ("flowkernel.runner.", "flowkernel.core.scheduling.", "flowkernel.compiler.", "flowkernel.core.commands.",
              "flowkernel.api.", "flowkernel.expression_scope.")
     assert [m for m in made if m.startswith(shell)] == []
 
@@ -190,7 +190,7 @@ def test_bare_nodes_and_edges_compile_to_the_graph_the_same_flow_spelled_out_in_
 def test_a_resumed_run_reads_its_checkpoint_and_looks_over_its_whole_flow_once_before_it_goes_on(tmp_path: Path,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     import flowkernel.runner
-    from flowkernel.commands import Command
+    from flowkernel.core.commands import Command
     from flowkernel.registry import default_registry
 
     registry = default_registry().copy()

@@ -9,7 +9,15 @@ from typing import Any
 import anyio
 import pytest
 from flowkernel.api import Kernel
-from flowkernel.events import AgentTool, BaseEvent, Event, FlowResumed, FlowStart, NodeComplete, NodeStart
+from flowkernel.core.events import (
+    AgentTool,
+    BaseEvent,
+    Event,
+    FlowResumed,
+    FlowStart,
+    NodeComplete,
+    NodeStart,
+)
 from flowkernel.fixtures import MockQuery
 from flowkernel.store.sqlite import SqliteStore
 from flowkernel.testing.harness import run_flow

@@ -30,7 +30,7 @@ sys.exit(code)
 HEAVY = ("pydantic", "networkx", "jsonschema", "anthropic", "jsonata", "regex")
 # What running a flow needs and checking a flow known to be valid does not: the compiler and the
 # expression engine, the node context (msgspec, the events), the event loop.
-RUNTIME = ("flowkernel.compiler", "flowkernel.expressions", "flowkernel.context", "flowkernel.events",
+RUNTIME = ("flowkernel.compiler", "flowkernel.expressions", "flowkernel.context", "flowkernel.core.events",
            "flowkernel.offload", "msgspec", "anyio", "asyncio")
 
 

@@ -22,7 +22,7 @@ import anyio
 import flowkernel.examples.research_tools  # noqa: F401  (registers lookup_fact)
 import pytest
 from flowkernel.api import Kernel
-from flowkernel.commands import Command
+from flowkernel.core.commands import Command
 from flowkernel.fixtures import MockQuery
 from flowkernel.store.open import open_store
 
@@ -712,7 +712,7 @@ class SlowAgent:
         self.gate = threading.Event()
 
     async def __call__(self, request: dict[str, Any], emit: Callable[[Any], None], ctx: Any) -> dict[str, Any]:
-        from flowkernel.events import AgentTextDelta, AgentThinkingDelta
+        from flowkernel.core.events import AgentTextDelta, AgentThinkingDelta
 
         emit(AgentThinkingDelta(content="Weighing embedded "))
         emit(AgentThinkingDelta(content="databases."))

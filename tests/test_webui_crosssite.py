@@ -15,7 +15,7 @@ from typing import Any
 import anyio
 import pytest
 from flowkernel.api import Kernel
-from flowkernel.snapshot import RunSnapshot
+from flowkernel.core.snapshot import RunSnapshot
 from flowkernel.store.open import open_store
 
 from tests.browser_support import CHROMIUM_ARGS, Server, Watched, chromium_path, serve, watch, why_no_browser

@@ -15,9 +15,9 @@ from typing import Any
 import anyio
 import pytest
 from flowkernel.api import Kernel
-from flowkernel.commands import Command
+from flowkernel.core.commands import Command
+from flowkernel.core.events import CommandReceived, FlowComplete, FlowStart
 from flowkernel.errors import CommandRejectedError, LeaseLostError, StoreError
-from flowkernel.events import CommandReceived, FlowComplete, FlowStart
 from flowkernel.store.base import Lease, RunRecord
 from flowkernel.store.sqlite import SqliteStore
 from flowkernel.worker import Worker, live_workers

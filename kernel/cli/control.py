@@ -93,7 +93,7 @@ def cmd_retry(args: argparse.Namespace) -> int:
 
 
 def _command(args: argparse.Namespace, kind: str) -> int:
-    from flowkernel.commands import Command
+    from flowkernel.core.commands import Command
 
     with opened(args) as kernel:
         cmd = Command(kind=kind, target=getattr(args, "to", None), content=getattr(args, "text", None),

@@ -198,8 +198,8 @@ def cmd_events(args: argparse.Namespace) -> int:
 def cmd_replay(args: argparse.Namespace) -> int:
     import time
 
+    from flowkernel.core.reducer import fold
     from flowkernel.errors import InvalidInputError
-    from flowkernel.reducer import fold
 
     if args.speed < 0:
         raise InvalidInputError(f"--speed {args.speed:g}: must be 0 (no pacing) or a positive factor")

@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from flowkernel.api import Kernel
-    from flowkernel.events import BaseEvent
+    from flowkernel.core.events import BaseEvent
+    from flowkernel.core.snapshot import RunSnapshot
     from flowkernel.settings import RunSettings
-    from flowkernel.snapshot import RunSnapshot
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_STOPPED = 0, 1, 2, 3
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -111,7 +111,7 @@ class _JsonLines:
     """``--json``: each event as one line of JSON, as stored."""
 
     def __init__(self) -> None:
-        from flowkernel.events import encode
+        from flowkernel.core.events import encode
 
         self.encode = encode
 
@@ -159,7 +159,7 @@ def exit_for(snap: RunSnapshot, run_id: str, args: argparse.Namespace, kernel: K
         return EXIT_OK
     if snap.status in ("paused", "waiting"):
         if snap.status == "waiting":
-            from flowkernel.snapshot import undelivered_answer
+            from flowkernel.core.snapshot import undelivered_answer
 
             for n, w in snap.waiting.items():
                 if undelivered_answer(snap, n) is not None:
@@ -169,7 +169,7 @@ def exit_for(snap: RunSnapshot, run_id: str, args: argparse.Namespace, kernel: K
                     print(f"flowkernel: {n} waits for a reply: flowkernel reply {run_id} --to {w.runId} "
                           f"'ANSWER'{again}", file=sys.stderr)
         elif snap.budgetPause is not None:
-            from flowkernel.budgets import pause_hint
+            from flowkernel.core.budgets import pause_hint
 
             what, command = pause_hint(run_id, snap.budgetPause)
             print(f"flowkernel: paused: {what}; raise it and continue with: {command}{again}", file=sys.stderr)
@@ -193,7 +193,7 @@ def exit_for(snap: RunSnapshot, run_id: str, args: argparse.Namespace, kernel: K
 def _retry_hint(snap: RunSnapshot, run_id: str, again: str, kernel: Kernel | None) -> str:
     """What continues a failed run: ``retry`` when a node failed; when the flow itself did (an edge's
     ``when``, a binding), a plain retry fails the same way, and the flow file, fixed, is what to give."""
-    from flowkernel.commands import retry_restarts_a_failure
+    from flowkernel.core.commands import retry_restarts_a_failure
 
     if kernel is None or retry_restarts_a_failure(kernel.flow_of(run_id), snap):
         return f"re-run its failed nodes with: flowkernel retry {run_id}{again}"

@@ -11,8 +11,8 @@ import anyio.to_thread
 import msgspec
 from fastapi import APIRouter, Query, Request, Response
 from flowkernel.api import Kernel
-from flowkernel.commands import Command
-from flowkernel.events import Event
+from flowkernel.core.commands import Command
+from flowkernel.core.events import Event
 from flowkernel.server.document import problems
 from flowkernel.server.pagination import (
     DEFAULT_LIMIT,

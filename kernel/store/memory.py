@@ -8,8 +8,8 @@ import threading
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from flowkernel.core.events import USAGE_KEYS
 from flowkernel.errors import LeaseLostError, StoreError, UnknownRunError
-from flowkernel.events import USAGE_KEYS
 from flowkernel.ids import now_ms
 from flowkernel.packing import resolve_bodies
 from flowkernel.store.base import (

@@ -17,10 +17,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, ClassVar
 
+from flowkernel.core.events import USAGE_KEYS
+from flowkernel.core.nesting import loads
 from flowkernel.errors import LeaseLostError, StoreError, UnknownRunError
-from flowkernel.events import USAGE_KEYS
 from flowkernel.ids import now_ms
-from flowkernel.nesting import loads
 from flowkernel.packing import resolve_bodies
 from flowkernel.store.base import (
     AgentRun,

@@ -17,8 +17,8 @@ from contextlib import AbstractContextManager
 from typing import Any, ClassVar
 
 import msgspec
+from flowkernel.core.nesting import loads
 from flowkernel.errors import InvalidInputError, RunBusyError, StoreError, UnknownRunError
-from flowkernel.nesting import loads
 from flowkernel.packing import PACKED_PREFIX
 from flowkernel.store.base import EventRow
 

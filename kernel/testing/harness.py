@@ -14,10 +14,10 @@ from typing import Any
 
 import anyio
 from flowkernel.api import Kernel
-from flowkernel.events import Event, NodeComplete, NodeError
+from flowkernel.core.events import Event, NodeComplete, NodeError
+from flowkernel.core.snapshot import RunSnapshot
 from flowkernel.fixtures import MockQuery
 from flowkernel.registry import Registry, default_registry
-from flowkernel.snapshot import RunSnapshot
 from flowkernel.store.base import Store
 from flowkernel.store.memory import MemoryStore
 

@@ -30,8 +30,8 @@ from typing import Any
 
 import anyio
 from flowkernel.context import NodeContext
+from flowkernel.core.events import USAGE_KEYS, AgentComplete, AgentError, AgentStart, AgentTool, AgentUsage
 from flowkernel.errors import NodeFailure, PatternTimeoutError, Problem
-from flowkernel.events import USAGE_KEYS, AgentComplete, AgentError, AgentStart, AgentTool, AgentUsage
 from flowkernel.jsonschemas import instance_errors
 from flowkernel.lineage import Lineage, find_lineage
 from flowkernel.node import INTERRUPTED, Interrupted, KnownNames, WaitFor, unknown_name

@@ -23,8 +23,8 @@ from typing import Any
 
 import anthropic
 import anyio
+from flowkernel.core.events import AgentError, AgentTextDelta, AgentThinkingDelta, BaseEvent
 from flowkernel.errors import NodeFailure
-from flowkernel.events import AgentError, AgentTextDelta, AgentThinkingDelta, BaseEvent
 from flowkernel.nodes.claude.credentials import has_key, how_to_call, missing_credentials, sdk_may_discover
 from flowkernel.query import ModelMessage, QueryContext
 from flowkernel.redaction import register_secret

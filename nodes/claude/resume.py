@@ -24,7 +24,7 @@ from itertools import pairwise
 from typing import Any
 
 from flowkernel.context import NodeContext
-from flowkernel.events import AgentTool
+from flowkernel.core.events import AgentTool
 from flowkernel.lineage import Lineage
 from flowkernel.nodes.claude.transcript import Transcript
 from flowkernel.tools import ASK_HUMAN, INTERRUPTED_RESULT, result_text

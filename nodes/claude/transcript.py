@@ -13,8 +13,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from flowkernel.context import NodeContext
+from flowkernel.core.events import AgentError
 from flowkernel.errors import LeaseLostError
-from flowkernel.events import AgentError
 from flowkernel.ids import now_ms
 from flowkernel.redaction import redacted
 

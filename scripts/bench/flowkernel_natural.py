@@ -29,9 +29,9 @@ import flowkernel_side as fk
 import measure
 from flowkernel.api import Kernel
 from flowkernel.compiler import CompiledFlow
+from flowkernel.core.snapshot import RunSnapshot
 from flowkernel.registry import Registry, default_registry
 from flowkernel.render import LiveView
-from flowkernel.snapshot import RunSnapshot
 from flowkernel.store.sqlite import SqliteStore
 from measure import CpuClock, Metrics, Stopwatch
 

@@ -30,9 +30,9 @@ import flowkernel_natural as natural
 import flowkernel_side as fk
 import measure
 from flowkernel.api import Kernel
-from flowkernel.commands import Command
 from flowkernel.context import NodeContext
-from flowkernel.events import AgentTextDelta
+from flowkernel.core.commands import Command
+from flowkernel.core.events import AgentTextDelta
 from flowkernel.registry import default_registry
 from flowkernel.store.memory import MemoryStore
 from flowkernel.store.sqlite import SqliteStore

@@ -30,10 +30,10 @@ import flowkernel
 import flowkernel.nodes
 import measure
 from flowkernel.api import Kernel
-from flowkernel.commands import Command
 from flowkernel.context import NodeContext
+from flowkernel.core.commands import Command
+from flowkernel.core.snapshot import RunSnapshot
 from flowkernel.registry import Registry, default_registry
-from flowkernel.snapshot import RunSnapshot
 from flowkernel.store.sqlite import SqliteStore
 from measure import Metrics, Stopwatch
 

@@ -36,8 +36,8 @@ from typing import Any
 
 import anyio
 from flowkernel.api import Kernel
-from flowkernel.commands import Command
-from flowkernel.events import FlowResumed, FlowStart
+from flowkernel.core.commands import Command
+from flowkernel.core.events import FlowResumed, FlowStart
 from flowkernel.store.open import open_store
 from flowkernel.worker import live_workers
 

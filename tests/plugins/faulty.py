@@ -8,7 +8,7 @@ from typing import Any
 
 import anyio
 from flowkernel.context import NodeContext
-from flowkernel.events import LoopIterate
+from flowkernel.core.events import LoopIterate
 from flowkernel.registry import register_function, register_node_type
 
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 import math
 
 from flowkernel.compiler import CompiledFlow
-from flowkernel.events import FlowPaused
-from flowkernel.snapshot import BudgetPause, RunSnapshot
+from flowkernel.core.events import FlowPaused
+from flowkernel.core.snapshot import BudgetPause, RunSnapshot
 from msgspec.structs import replace
 
 RUN_BUDGET = "flow"  # the key of the run's own limit in ``costLimits`` (no node may be called ``flow``)

@@ -13,8 +13,7 @@ from typing import Any
 
 import msgspec
 from flowkernel.compiler import CompiledFlow, CompiledNode
-from flowkernel.errors import ExpressionError
-from flowkernel.events import (
+from flowkernel.core.events import (
     BaseEvent,
     EdgeFire,
     EdgeSkip,
@@ -28,8 +27,9 @@ from flowkernel.events import (
     NodeSkipped,
     NodeStart,
 )
+from flowkernel.core.snapshot import ForEachState, RunSnapshot
+from flowkernel.errors import ExpressionError
 from flowkernel.expressions import ALWAYS, is_constant
-from flowkernel.snapshot import ForEachState, RunSnapshot
 from msgspec import UNSET
 
 EMPTY: Mapping[str, Any] = {}

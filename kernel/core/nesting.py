@@ -9,13 +9,17 @@ a value nested a thousand levels deep is a ``RecursionError`` wherever it goes. 
 - **On reading**, a stored value that is deeper than the readers can go (stored before the bound, or
   made by a node) is read with what lies below ``MAX_DEPTH`` levels replaced by ``MARKER``: ``runs``,
   ``show`` and ``export`` go on working, and say where something was left out.
+- **In a file** flowkernel reads (flows, fixtures), whose parser gave up on a document nested too deeply
+  (a ``RecursionError`` that says neither where nor why): ``describe`` says where (only called once
+  that happened, so it costs nothing on a file that reads).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 T = TypeVar("T")
 
@@ -122,3 +126,52 @@ def read_deep(decode: Callable[[bytes], T], text: str | bytes) -> T:
 def loads(text: str | bytes) -> Any:
     """``json.loads`` that reads a value nested too deeply to decode with its depths clipped."""
     return read_deep(json.loads, text)
+
+
+# -- where a text nests too deeply ------------------------------------------------------------------
+
+# A whole string (its brackets are text), or a bracket.
+_TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]', re.S)
+
+
+class DeepPoint(NamedTuple):
+    """Where a text nests deepest or past a bound: the level reached, its line and column (1-based)."""
+
+    level: int
+    line: int
+    column: int
+    beyond: bool  # the text nests deeper than the bound asked about, first at this point
+
+
+def deep_point(text: str, limit: int) -> DeepPoint | None:
+    """The first bracket of ``text`` that opens a level past ``limit``; else the first that opens its
+    deepest level; None for a text without arrays or objects."""
+    depth = deepest = 0
+    at = -1
+    for match in _TOKENS.finditer(text):
+        token = match.group()
+        if token in "[{":
+            depth += 1
+            if depth > limit:
+                return _point(text, match.start(), depth, beyond=True)
+            if depth > deepest:
+                deepest, at = depth, match.start()
+        elif token in "]}":
+            depth -= 1
+    return _point(text, at, deepest, beyond=False) if at >= 0 else None
+
+
+def describe(text: str, limit: int) -> str:
+    """Where and why ``text`` is too deeply nested to read, as ``line L, column C: …``."""
+    point = deep_point(text, limit)
+    if point is None:
+        return "nested too deeply to read"
+    where = f"line {point.line}, column {point.column}"
+    if point.beyond:
+        return f"{where}: arrays and objects nested more than {limit} levels deep"
+    return f"{where}: arrays and objects nested {point.level} levels deep, too deep to read"
+
+
+def _point(text: str, offset: int, level: int, *, beyond: bool) -> DeepPoint:
+    line = text.count("\n", 0, offset) + 1
+    return DeepPoint(level, line, offset - text.rfind("\n", 0, offset), beyond)

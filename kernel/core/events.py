@@ -10,7 +10,7 @@ Nodes and the scheduler produce *drafts* (``seq == 0``); the run shell stamps ``
 from typing import Any
 
 import msgspec
-from flowkernel.nesting import read_deep
+from flowkernel.core.nesting import read_deep
 
 
 class BaseEvent(msgspec.Struct, kw_only=True, tag_field="type", omit_defaults=True, gc=False):
@@ -258,7 +258,7 @@ def encode(event: BaseEvent) -> bytes:
 
 def decode(data: bytes | str) -> Event:
     """The event stored as ``data``; a value in it nested deeper than the decoder goes is read clipped
-    (``flowkernel.nesting``)."""
+    (``flowkernel.core.nesting``)."""
     return read_deep(decoder.decode, data)
 
 

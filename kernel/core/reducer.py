@@ -19,9 +19,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from flowkernel.budgets import budget_key
 from flowkernel.compiler import CompiledFlow
-from flowkernel.events import (
+from flowkernel.core.budgets import budget_key
+from flowkernel.core.events import (
     USAGE_KEYS,
     AgentStart,
     AgentUsage,
@@ -45,7 +45,7 @@ from flowkernel.events import (
     NodeWaiting,
     StatePatch,
 )
-from flowkernel.snapshot import (
+from flowkernel.core.snapshot import (
     BudgetPause,
     ForEachState,
     InboxMessage,
@@ -55,7 +55,7 @@ from flowkernel.snapshot import (
     StagedPatch,
     Waiting,
 )
-from flowkernel.state_ops import apply_patch, apply_patches
+from flowkernel.core.state_ops import apply_patch, apply_patches
 from msgspec import UNSET
 from msgspec.structs import replace
 

@@ -21,13 +21,13 @@ from collections.abc import Callable
 from typing import Any
 
 import msgspec
-from flowkernel.budgets import resume_problem
 from flowkernel.compiler import CompiledFlow
+from flowkernel.core.budgets import resume_problem
+from flowkernel.core.events import CommandReceived
+from flowkernel.core.nesting import MAX_DEPTH, clipped
+from flowkernel.core.nonfinite import describe, loads_strict
+from flowkernel.core.snapshot import RunSnapshot, undelivered_answer
 from flowkernel.errors import PatternTimeoutError
-from flowkernel.events import CommandReceived
-from flowkernel.nesting import MAX_DEPTH, clipped
-from flowkernel.nonfinite import describe, loads_strict
-from flowkernel.snapshot import RunSnapshot, undelivered_answer
 
 KINDS = ("send", "reply", "resume", "pause", "abort", "retry")
 PREVIEW_CHARS = 200  # of a refused command's content, in its record
@@ -138,7 +138,7 @@ def _accept(cmd: Command, content: Any = None, target: str | None = None) -> Com
 
 def not_storable(value: Any, what: str) -> str | None:
     """Why ``value`` cannot travel in a command (text that is not UTF-8, something that is not JSON, nesting
-    deeper than ``flowkernel.nesting.MAX_DEPTH``), or None."""
+    deeper than ``flowkernel.core.nesting.MAX_DEPTH``), or None."""
     found = unstorable_at(value, what)
     return None if found is None else f"{found[0]} {found[1]}"
 
