@@ -18,7 +18,9 @@ if TYPE_CHECKING:
 # Old documented path -> where that module lives now.
 _MOVED: dict[str, str] = {
     "flowkernel.events": "flowkernel.core.events",
+    "flowkernel.expression_bounds": "flowkernel.core.expression_bounds",
     "flowkernel.nesting": "flowkernel.core.nesting",
+    "flowkernel.node": "flowkernel.core.node",
     "flowkernel.reducer": "flowkernel.core.reducer",
     "flowkernel.state_ops": "flowkernel.core.state_ops",
 }

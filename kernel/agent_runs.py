@@ -23,7 +23,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import msgspec
-from flowkernel.compiler import CompiledFlow
+from flowkernel.core.compiler import CompiledFlow
 from flowkernel.core.events import (
     USAGE_KEYS,
     AgentComplete,
@@ -196,7 +196,7 @@ def fold_stored(document: str, bodies: Sequence[bytes]) -> list[AgentRun]:
     """The agent runs of a stored run, from its flow document (as stored) and its event bodies."""
     import json
 
-    from flowkernel.compiler import compile_flow
+    from flowkernel.core.compiler import compile_flow
     from flowkernel.core.events import decode
 
     flow = compile_flow(json.loads(document), node_types=(), trusted=True)  # validated when it was stored

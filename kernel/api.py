@@ -23,9 +23,9 @@ import msgspec
 from flowkernel.agent_runs import AgentRunFold
 from flowkernel.checkpoint import decode_checkpoint, encode_checkpoint
 from flowkernel.committer import Committer
-from flowkernel.compiler import CompiledFlow, compile_flow, load_flow
 from flowkernel.core.budgets import run_limit
 from flowkernel.core.commands import Command, CommandOutcome, judge_command, unstorable_at
+from flowkernel.core.compiler import CompiledFlow, compile_flow, load_flow
 from flowkernel.core.events import (
     BaseEvent,
     CommandReceived,
@@ -263,7 +263,7 @@ class Kernel:
         schema = flow.inputs_schema
         if schema is None:
             return
-        from flowkernel.jsonschemas import instance_errors
+        from flowkernel.core.jsonschemas import instance_errors
 
         try:
             errors = instance_errors(schema, value, schema_at="$.inputs")
@@ -944,7 +944,7 @@ class Kernel:
         user turn of its conversation). ``budget``: the new limit in USD for what paused the run for its
         budget (a node's ``policy.maxCostUsd``), or else for the run's ``budget.maxCostUsd``; recorded in
         ``flow:resumed``. With ``queue``, a worker continues it (``hand_to_pool``); the snapshot after the
-        resume returns. ``flow``: continue on this flow instead (see ``flowkernel.flow_update``;
+        resume returns. ``flow``: continue on this flow instead (see ``flowkernel.core.flow_update``;
         ``FlowUpdateError`` lists why it cannot be, and nothing is recorded then)."""
         cmd = Command(kind="resume", content=message, budget=budget)
         # (a budget that is not a positive number is refused by the judge before this is appended)
@@ -988,7 +988,7 @@ class Kernel:
 
     def _check_update(self, current: CompiledFlow, update: CompiledFlow, snap: RunSnapshot) -> None:
         """Raise FlowUpdateError, listing every problem, unless the run in ``snap`` can follow ``update``."""
-        from flowkernel.flow_update import incompatibilities
+        from flowkernel.core.flow_update import incompatibilities
 
         problems = incompatibilities(current, update, snap)
         try:

@@ -11,7 +11,7 @@ from collections.abc import Container, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from flowkernel.compiler import CompiledFlow, load_flow
+from flowkernel.core.compiler import CompiledFlow, load_flow
 from flowkernel.errors import FlowkernelError
 
 SUFFIXES = (".json", ".yaml", ".yml")

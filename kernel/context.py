@@ -12,7 +12,7 @@ from flowkernel.core.state_ops import OPS, apply_patch, apply_patches
 from flowkernel.errors import NodeFailure
 
 if TYPE_CHECKING:
-    from flowkernel.compiler import CompiledFlow
+    from flowkernel.core.compiler import CompiledFlow
     from flowkernel.registry import Registry
     from flowkernel.store.base import Store
 

@@ -148,4 +148,4 @@ class ExpressionError(FlowkernelError):
 
 
 class ExpressionLimitError(ExpressionError):
-    """A JSONata expression went past a time, depth or size limit (``flowkernel.expression_bounds``)."""
+    """A JSONata expression went past a time, depth or size limit (``flowkernel.core.expression_bounds``)."""

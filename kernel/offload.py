@@ -15,11 +15,11 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 import anyio
-from flowkernel.expression_scope import EvaluationCancelled, ExpressionLimits, Scope, set_scope
-from flowkernel.expression_scope import (
+from flowkernel.core.expression_scope import EvaluationCancelled, ExpressionLimits, Scope, set_scope
+from flowkernel.core.expression_scope import (
     limits_from_env as limits_from_env,  # (re-exported: callers import it from here)
 )
-from flowkernel.expressions import Expr
+from flowkernel.core.expressions import Expr
 
 T = TypeVar("T")
 

@@ -16,8 +16,8 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar, overload
 
+from flowkernel.core.node import NodeType, takes_messages
 from flowkernel.errors import InvalidInputError
-from flowkernel.node import NodeType, takes_messages
 
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
@@ -278,7 +278,7 @@ class Registry:
 
     def takes_messages(self, type_name: str, raw_input: Any) -> bool:
         """Whether a node of type ``type_name`` with ``raw_input`` reads ``send`` messages (see
-        ``flowkernel.node.takes_messages``). A type this process has not registered (a plugin it did not
+        ``flowkernel.core.node.takes_messages``). A type this process has not registered (a plugin it did not
         load) is not refused for it: only the type can tell."""
         node_type = self.node_types.get(type_name)
         return True if node_type is None else takes_messages(node_type, raw_input, self)

@@ -24,10 +24,10 @@ from flowkernel import telemetry
 from flowkernel.agent_runs import FOLDED, AgentRunFold
 from flowkernel.checkpoint import encode_checkpoint
 from flowkernel.committer import Committer
-from flowkernel.compiler import CompiledFlow
 from flowkernel.context import NodeContext
 from flowkernel.core.budgets import has_budgets, over_budget, run_limit
 from flowkernel.core.commands import Command, CommandOutcome, judge_command, refusal
+from flowkernel.core.compiler import CompiledFlow
 from flowkernel.core.events import (
     AgentError,
     AgentText,
@@ -54,15 +54,15 @@ from flowkernel.core.events import (
     decode,
     encoder,
 )
+from flowkernel.core.expression_scope import INLINE_ONLY, NeedsThread, Scope, set_scope
+from flowkernel.core.expressions import is_constant
+from flowkernel.core.node import Interrupted, WaitFor
 from flowkernel.core.nonfinite import check_encoded, refuse_non_finite
 from flowkernel.core.reducer import ALL, apply, own
 from flowkernel.core.scheduling import Decision, Progress, awake, decide
 from flowkernel.core.snapshot import InboxMessage, RunSnapshot
 from flowkernel.errors import FlowkernelError, LeaseLostError, NodeFailure, StoreError
-from flowkernel.expression_scope import INLINE_ONLY, NeedsThread, Scope, set_scope
-from flowkernel.expressions import is_constant
 from flowkernel.ids import new_node_run_id
-from flowkernel.node import Interrupted, WaitFor
 from flowkernel.offload import CANCELLED, call_off_loop, expression_limits
 from flowkernel.packing import LEAF, PACKED_PREFIX, Packer
 from flowkernel.redaction import holds_secret, redact_bytes

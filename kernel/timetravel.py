@@ -49,7 +49,7 @@ from flowkernel.store.base import EventRow, RunRecord
 
 if TYPE_CHECKING:
     from flowkernel.api import Kernel
-    from flowkernel.compiler import CompiledFlow
+    from flowkernel.core.compiler import CompiledFlow
 
 _ID = re.compile(r"\b(run|nr|ses)_[0-9a-z]{20}")
 _VOLATILE_KEYS = frozenset({"seq", "timestamp", "flowRunId", "runId", "cause", "durationMs", "resumedFrom"})

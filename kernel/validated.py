@@ -52,7 +52,7 @@ from flowkernel.localfiles import (
 )
 
 if TYPE_CHECKING:
-    from flowkernel.compiler import CompiledFlow
+    from flowkernel.core.compiler import CompiledFlow
     from flowkernel.registry import Registry
 
 CACHE_ENV = "FLOWKERNEL_CACHE_DIR"
@@ -79,7 +79,7 @@ def load_valid_flow(path: str | Path, registry: Registry, *, check_names: bool =
     it (``flowkernel.flow_tree``): every problem of them all is reported at once. ``check_names``:
     functions and tools must be registered (as ``load_flow`` with the registry's names). ``warnings``,
     given, gets what is worth a warning but does not make the flow invalid."""
-    from flowkernel.compiler import compile_flow
+    from flowkernel.core.compiler import compile_flow
 
     found = _look_up(path, registry, check_names)
 
@@ -183,7 +183,7 @@ def _used(record: Path) -> bool:
 
 def _validate(found: _Found, registry: Registry, check_names: bool) -> CompiledFlow:
     """Validate and compile a flow not known to be valid; remember it if it passes."""
-    from flowkernel.compiler import compile_flow
+    from flowkernel.core.compiler import compile_flow
 
     names: dict[str, Any] = {"functions": registry.functions, "tools": registry.tools} if check_names else {}
     flow = compile_flow(found.document, source=found.source, base_dir=found.base,
@@ -260,7 +260,7 @@ def _key(document: Any, base: Path, registry: Registry, check_names: bool) -> tu
         return None
     h = hashlib.sha256(_FORMAT)
     h.update(f"\0{digest}\0names={check_names}".encode())
-    from flowkernel.node import KnownNames
+    from flowkernel.core.node import KnownNames
 
     asked: list[str] = []
     known = KnownNames(_Asked("f", registry.functions, asked), _Asked("t", registry.tools, asked))

@@ -11,7 +11,7 @@ from flowkernel.errors import ExpressionError, NodeFailure, Problem
 # validation cache) reads the node types but should not pay for the expression engine or msgspec.
 if TYPE_CHECKING:
     from flowkernel.context import NodeContext
-    from flowkernel.expressions import Expr
+    from flowkernel.core.expressions import Expr
 
 
 class NoopNode:
@@ -55,7 +55,7 @@ class TransformNode:
     def _compiled(self, source: str) -> Expr | None:
         compiled = self._cache.get(source)
         if compiled is None:
-            from flowkernel.expressions import compile_expr, strip_braces
+            from flowkernel.core.expressions import compile_expr, strip_braces
 
             compiled = compile_expr(strip_braces(source), "expr", [])
             if compiled is not None:
@@ -73,7 +73,7 @@ class TransformNode:
             raise NodeFailure("transform needs a JSONata string in `expr`", "invalid_input")
         compiled = self._cache.get(source)
         if compiled is None:
-            from flowkernel.expressions import compile_expr, strip_braces
+            from flowkernel.core.expressions import compile_expr, strip_braces
 
             problems: list[Problem] = []
             compiled = compile_expr(strip_braces(source), "expr", problems)

@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING, Any
 import anyio
 from flowkernel.context import NodeContext
 from flowkernel.core.events import FlowPaused, NodeStart
+from flowkernel.core.node import INTERRUPTED, Interrupted, WaitFor, bindable
 from flowkernel.errors import FlowkernelError, NodeFailure, Problem
 from flowkernel.localfiles import resolve_inside
-from flowkernel.node import INTERRUPTED, Interrupted, WaitFor, bindable
 
 if TYPE_CHECKING:
     from flowkernel.api import Kernel

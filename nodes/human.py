@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from flowkernel.core.node import WaitFor, check_json_schema
 from flowkernel.errors import Problem
-from flowkernel.node import WaitFor, check_json_schema
 
 if TYPE_CHECKING:
     from flowkernel.context import NodeContext

@@ -7,8 +7,8 @@ import inspect
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from flowkernel.core.node import KnownNames, bindable, unknown_name
 from flowkernel.errors import NodeFailure, Problem
-from flowkernel.node import KnownNames, bindable, unknown_name
 from flowkernel.registry import Blocking, takes_ctx
 
 if TYPE_CHECKING:

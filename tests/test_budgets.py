@@ -239,7 +239,7 @@ async def test_a_child_paused_by_its_own_budget_pauses_the_parent_and_resume_bud
 
 
 def test_the_budget_to_resume_with_is_judged_before_anything_is_recorded() -> None:
-    from flowkernel.compiler import compile_flow
+    from flowkernel.core.compiler import compile_flow
     from flowkernel.core.events import FlowStart
     from flowkernel.core.reducer import initial_snapshot
     from flowkernel.registry import default_registry
@@ -452,8 +452,8 @@ def test_retry_over_http_of_a_failed_run_that_has_spent_its_budget_is_refused_as
 # --- the rule, pure ---------------------------------------------------------------------------------
 
 def test_a_limit_is_reached_when_the_cost_equals_it_in_cents_whatever_the_float_sum_says() -> None:
-    from flowkernel.compiler import compile_flow
     from flowkernel.core.budgets import over_budget
+    from flowkernel.core.compiler import compile_flow
     from flowkernel.core.events import FlowStart
     from flowkernel.core.reducer import initial_snapshot
     from flowkernel.registry import default_registry

@@ -300,7 +300,7 @@ class _Stepper:
         self.steps_done: list[int] = []
 
     async def run(self, ctx: Any) -> Any:
-        from flowkernel.node import INTERRUPTED
+        from flowkernel.core.node import INTERRUPTED
 
         start = len(self.steps_done)
         for step in range(start, 3):

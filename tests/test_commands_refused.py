@@ -16,8 +16,8 @@ import pytest
 from flowkernel.api import Kernel
 from flowkernel.core.commands import PREVIEW_CHARS, Command
 from flowkernel.core.events import CommandReceived
+from flowkernel.core.node import WaitFor
 from flowkernel.errors import CommandRejectedError
-from flowkernel.node import WaitFor
 from flowkernel.store.sqlite import SqliteStore
 
 import tests.plugins.waiters  # noqa: F401  (registers the functions)

@@ -17,8 +17,8 @@ import anyio
 import pytest
 from flowkernel import registry as registry_module
 from flowkernel.api import Kernel
-from flowkernel.compiler import compile_flow
 from flowkernel.core.commands import Command
+from flowkernel.core.compiler import compile_flow
 from flowkernel.core.events import BaseEvent
 from flowkernel.errors import FlowValidationError
 from flowkernel.registry import Blocking, Registry, default_registry

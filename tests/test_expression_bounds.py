@@ -16,9 +16,9 @@ import anyio
 import pytest
 from flowkernel.api import Kernel
 from flowkernel.core.commands import Command
+from flowkernel.core.expression_bounds import ExpressionLimits
+from flowkernel.core.expressions import Expr
 from flowkernel.errors import ExpressionLimitError, InvalidInputError
-from flowkernel.expression_bounds import ExpressionLimits
-from flowkernel.expressions import Expr
 from flowkernel.offload import limits_from_env
 from flowkernel.store.memory import MemoryStore
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import anyio
 from flowkernel.api import Kernel
-from flowkernel.expression_bounds import ExpressionLimits
+from flowkernel.core.expression_bounds import ExpressionLimits
 from flowkernel.store.memory import MemoryStore
 
 from tests.test_expression_bounds import events_until, fk, spawn, write_flow

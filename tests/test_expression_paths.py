@@ -6,7 +6,7 @@ from typing import Any
 
 import jsonata
 import pytest
-from flowkernel.expressions import Expr
+from flowkernel.core.expressions import Expr
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

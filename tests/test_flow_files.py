@@ -18,7 +18,7 @@ from typing import Any
 import anyio
 import pytest
 from flowkernel.api import Kernel
-from flowkernel.compiler import compile_flow, load_flow
+from flowkernel.core.compiler import compile_flow, load_flow
 from flowkernel.errors import FlowFileError, FlowValidationError, RunInputError
 from flowkernel.fixtures import FixtureError, MockQuery
 from flowkernel.localfiles import ALLOW_DIRS_ENV

@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from flowkernel.compiler import compile_flow
+from flowkernel.core.compiler import compile_flow
+from flowkernel.core.flow_update import incompatibilities
 from flowkernel.core.reducer import fold
-from flowkernel.flow_update import incompatibilities
 from flowkernel.registry import default_registry
 from flowkernel.store.sqlite import SqliteStore
 from flowkernel.testing.audit import audit_store

@@ -11,7 +11,7 @@ from typing import Any
 
 import jsonschema
 import pytest
-from flowkernel.compiler import compile_flow
+from flowkernel.core.compiler import compile_flow
 from flowkernel.errors import FlowValidationError
 from flowkernel.nodes import BUILTIN_NODE_TYPES
 from flowkernel.nodes.claude.config import INPUT_SCHEMA, KEYS

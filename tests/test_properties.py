@@ -25,7 +25,7 @@ import msgspec
 import pytest
 from flowkernel.api import Kernel
 from flowkernel.checkpoint import load_checkpoint
-from flowkernel.compiler import CompiledFlow, compile_flow
+from flowkernel.core.compiler import CompiledFlow, compile_flow
 from flowkernel.core.events import (
     BaseEvent,
     EdgeFire,

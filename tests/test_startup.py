@@ -17,7 +17,7 @@ import anyio
 import flowkernel.api
 import pytest
 from flowkernel.api import Kernel
-from flowkernel.compiler import compile_flow
+from flowkernel.core.compiler import compile_flow
 from flowkernel.gc_pause import collector_paused
 from flowkernel.registry import default_registry
 from flowkernel.store.sqlite import SqliteStore
@@ -159,9 +159,9 @@ def test_running_a_flow_builds_no_dataclass_of_the_run_shell(tmp_path: Path, cle
     done = subprocess.run(argv, cwd=tmp_path, env=clean_env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     made = done.stderr.rsplit("MADE=", 1)[-1].strip().split(",")
-    # (flowkernel.node's stay dataclasses: `validate` of a flow known to be valid imports it, and not msgspec.)
-    shell = ("flowkernel.runner.", "flowkernel.core.scheduling.", "flowkernel.compiler.", "flowkernel.core.commands.",
-             "flowkernel.api.", "flowkernel.expression_scope.")
+    # (flowkernel.core.node's stay dataclasses: `validate` of a flow known to be valid imports it, and not msgspec.)
+    shell = ("flowkernel.runner.", "flowkernel.core.scheduling.", "flowkernel.core.compiler.", "flowkernel.core.commands.",
+             "flowkernel.api.", "flowkernel.core.expression_scope.")
     assert [m for m in made if m.startswith(shell)] == []
 
 

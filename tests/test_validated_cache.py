@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import flowkernel.validation
+import flowkernel.core.validation
 import pytest
 from flowkernel import validated
 from flowkernel.errors import FlowValidationError
@@ -30,7 +30,7 @@ sys.exit(code)
 HEAVY = ("pydantic", "networkx", "jsonschema", "anthropic", "jsonata", "regex")
 # What running a flow needs and checking a flow known to be valid does not: the compiler and the
 # expression engine, the node context (msgspec, the events), the event loop.
-RUNTIME = ("flowkernel.compiler", "flowkernel.expressions", "flowkernel.context", "flowkernel.core.events",
+RUNTIME = ("flowkernel.core.compiler", "flowkernel.core.expressions", "flowkernel.context", "flowkernel.core.events",
            "flowkernel.offload", "msgspec", "anyio", "asyncio")
 
 
@@ -61,13 +61,13 @@ def validations(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[lis
     """In-process: a cache of this test's own, and the sources of every full validation made."""
     monkeypatch.setenv(validated.CACHE_ENV, str(tmp_path / "cache"))
     seen: list[str] = []
-    check = flowkernel.validation.check_document
+    check = flowkernel.core.validation.check_document
 
     def counted(document: Any, node_types: Any, source: str, known: Any = None) -> None:
         seen.append(source)
         check(document, node_types, source, known)
 
-    monkeypatch.setattr(flowkernel.validation, "check_document", counted)
+    monkeypatch.setattr(flowkernel.core.validation, "check_document", counted)
     yield seen
 
 
@@ -97,7 +97,7 @@ def test_validate_of_a_flow_validated_before_only_reads_it_and_says_the_same(tmp
         {"from": "c", "to": "b", "maxIterations": 2, "when": "{{ false }}"}]})
     first, heavy = probe("validate", str(flow), cwd=tmp_path, env=cache_env, modules=HEAVY + RUNTIME)
     assert first.returncode == 0, first.stderr
-    assert "pydantic" in heavy and "flowkernel.compiler" in heavy  # validated the first time
+    assert "pydantic" in heavy and "flowkernel.core.compiler" in heavy  # validated the first time
     again, heavy = probe("validate", str(flow), cwd=tmp_path, env=cache_env, modules=HEAVY + RUNTIME)
     assert again.returncode == 0, again.stderr
     assert again.stdout == first.stdout == f"{flow}: ok — flow 'several', 3 nodes, 3 edges\n"

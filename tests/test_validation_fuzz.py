@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from flowkernel.compiler import compile_flow, load_flow
+from flowkernel.core.compiler import compile_flow, load_flow
 from flowkernel.errors import FlowkernelError, FlowValidationError
 from flowkernel.registry import default_registry
 from hypothesis import HealthCheck, given, settings

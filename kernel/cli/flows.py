@@ -52,7 +52,7 @@ def warn(source: str, warnings: list[Problem]) -> None:
 def cmd_schema(args: argparse.Namespace) -> int:
     import json
 
-    from flowkernel.flow import json_schema
+    from flowkernel.core.flow import json_schema
     from flowkernel.registry import default_registry
 
     print(json.dumps(json_schema(default_registry().node_types), indent=2))

@@ -33,7 +33,7 @@ def _say(text: str) -> None:
 
 def cmd_record(args: argparse.Namespace) -> int:
     from flowkernel.api import Kernel, parse_inputs
-    from flowkernel.compiler import load_flow
+    from flowkernel.core.compiler import load_flow
     from flowkernel.core.events import BaseEvent
     from flowkernel.fixtures.record import record_flow
     from flowkernel.nodes.claude.credentials import require_credentials

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 
-from flowkernel.compiler import CompiledFlow
+from flowkernel.core.compiler import CompiledFlow
 from flowkernel.core.events import FlowPaused
 from flowkernel.core.snapshot import BudgetPause, RunSnapshot
 from msgspec.structs import replace

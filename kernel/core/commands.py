@@ -21,8 +21,8 @@ from collections.abc import Callable
 from typing import Any
 
 import msgspec
-from flowkernel.compiler import CompiledFlow
 from flowkernel.core.budgets import resume_problem
+from flowkernel.core.compiler import CompiledFlow
 from flowkernel.core.events import CommandReceived
 from flowkernel.core.nesting import MAX_DEPTH, clipped
 from flowkernel.core.nonfinite import describe, loads_strict
@@ -259,7 +259,7 @@ def judge_command(flow: CompiledFlow, snap: RunSnapshot, cmd: Command, *, execut
                                     f"`flowkernel resume {snap.runId}` delivers it")
             content = cmd.content
             if waiting.schema is not None:
-                from flowkernel.jsonschemas import instance_errors
+                from flowkernel.core.jsonschemas import instance_errors
 
                 try:
                     content = _coerce(content, waiting.schema)

@@ -19,8 +19,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from flowkernel.compiler import CompiledFlow
 from flowkernel.core.budgets import budget_key
+from flowkernel.core.compiler import CompiledFlow
 from flowkernel.core.events import (
     USAGE_KEYS,
     AgentStart,
@@ -396,7 +396,7 @@ def _flow_resumed(flow: CompiledFlow, s: RunSnapshot, ev: FlowResumed, o: bool) 
 def _flow_updated(flow: CompiledFlow, s: RunSnapshot, ev: FlowUpdated, o: bool) -> tuple[RunSnapshot, frozenset[str]]:
     """``flow`` is the new flow. Nodes and edges it adds are pending (the scheduler then decides the new
     edges out of nodes that have finished, as events); those it drops had never run nor been decided
-    (``flowkernel.flow_update`` refuses any other update), so nothing of them is lost."""
+    (``flowkernel.core.flow_update`` refuses any other update), so nothing of them is lost."""
     node_status = {n: s.nodeStatus.get(n, "pending") for n in flow.nodes}
     edge_status = {e: s.edgeStatus.get(e, "pending") for e in flow.edges}
     nodes = flow.nodes

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import msgspec
-from flowkernel.compiler import CompiledFlow, CompiledNode
+from flowkernel.core.compiler import CompiledFlow, CompiledNode
 from flowkernel.core.events import (
     BaseEvent,
     EdgeFire,
@@ -27,9 +27,9 @@ from flowkernel.core.events import (
     NodeSkipped,
     NodeStart,
 )
+from flowkernel.core.expressions import ALWAYS, is_constant
 from flowkernel.core.snapshot import ForEachState, RunSnapshot
 from flowkernel.errors import ExpressionError
-from flowkernel.expressions import ALWAYS, is_constant
 from msgspec import UNSET
 
 EMPTY: Mapping[str, Any] = {}

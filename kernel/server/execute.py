@@ -14,7 +14,7 @@ import anyio
 import anyio.to_thread
 from fastapi import APIRouter, Query, Request, Response
 from flowkernel.api import Kernel
-from flowkernel.compiler import CompiledFlow
+from flowkernel.core.compiler import CompiledFlow
 from flowkernel.errors import FlowValidationError, StoreError
 from flowkernel.server.document import problems
 from flowkernel.server.feed import Feed

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from flowkernel.core.node import bindable, check_json_schema
 from flowkernel.errors import NodeFailure, Problem
-from flowkernel.node import bindable, check_json_schema
 from flowkernel.nodes.claude.caching import mark_cache_breakpoints
 from flowkernel.nodes.claude.models import ADAPTIVE, BUDGET, deprecated_models, traits
 

@@ -31,10 +31,10 @@ from typing import Any
 import anyio
 from flowkernel.context import NodeContext
 from flowkernel.core.events import USAGE_KEYS, AgentComplete, AgentError, AgentStart, AgentTool, AgentUsage
+from flowkernel.core.jsonschemas import instance_errors
+from flowkernel.core.node import INTERRUPTED, Interrupted, KnownNames, WaitFor, unknown_name
 from flowkernel.errors import NodeFailure, PatternTimeoutError, Problem
-from flowkernel.jsonschemas import instance_errors
 from flowkernel.lineage import Lineage, find_lineage
-from flowkernel.node import INTERRUPTED, Interrupted, KnownNames, WaitFor, unknown_name
 from flowkernel.nodes.claude import spans
 from flowkernel.nodes.claude.config import (
     INPUT_SCHEMA,
@@ -98,7 +98,7 @@ async def _schema_problem(text: str, schema: dict[str, Any], ctx: NodeContext) -
         value = _parse_json_answer(text)
     except json.JSONDecodeError as exc:
         return None, f"the answer is not JSON ({exc})"
-    from flowkernel.expression_scope import EvaluationCancelled, Scope
+    from flowkernel.core.expression_scope import EvaluationCancelled, Scope
     from flowkernel.offload import CANCELLED, call_off_loop, expression_limits
 
     def check() -> list[tuple[str, str]]:

@@ -28,7 +28,7 @@ import anyio
 import flowkernel_side as fk
 import measure
 from flowkernel.api import Kernel
-from flowkernel.compiler import CompiledFlow
+from flowkernel.core.compiler import CompiledFlow
 from flowkernel.core.snapshot import RunSnapshot
 from flowkernel.registry import Registry, default_registry
 from flowkernel.render import LiveView

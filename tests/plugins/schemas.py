@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from flowkernel.context import NodeContext
-from flowkernel.node import bindable
+from flowkernel.core.node import bindable
 from flowkernel.registry import register_node_type
 
 

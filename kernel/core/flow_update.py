@@ -12,7 +12,7 @@ Pure: a snapshot and two compiled flows in, the list of problems out (empty: the
 
 from __future__ import annotations
 
-from flowkernel.compiler import CompiledEdge, CompiledFlow
+from flowkernel.core.compiler import CompiledEdge, CompiledFlow
 from flowkernel.core.snapshot import RunSnapshot
 
 

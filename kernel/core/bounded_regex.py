@@ -6,7 +6,7 @@ A backtracking pattern such as ``^(a|a)+$`` takes time exponential in its subjec
 Here every match runs in the ``regex`` module (``re``'s syntax) without the GIL and with a timeout:
 
 - first in the calling thread, for a short slice (``SLICE_S``): nearly every match ends within it;
-- a match that needs longer runs again in a child process (``flowkernel/regex_child.py``) that the
+- a match that needs longer runs again in a child process (``flowkernel/core/regex_child.py``) that the
   caller waits for, looking at its deadline and its cancellation every ``POLL_S``. When either comes,
   the child is killed: a pause, an abort or a node's timeout stops the match at once, and no CPU goes
   on being spent on a match that nobody waits for. (A thread cannot be stopped in the middle of a C
@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import regex
-from flowkernel.expression_scope import EvaluationCancelled
+from flowkernel.core.expression_scope import EvaluationCancelled
 
 log = logging.getLogger("flowkernel.regex")
 

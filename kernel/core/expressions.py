@@ -52,7 +52,7 @@ def _plain_path(source: str) -> tuple[str, ...] | None:
 class Expr:
     """One compiled JSONata expression.
 
-    ``bounded`` expressions (see ``flowkernel.expression_bounds``) are evaluated as they are; open ones
+    ``bounded`` expressions (see ``flowkernel.core.expression_bounds``) are evaluated as they are; open ones
     under time, depth and size limits.
     """
 
@@ -61,7 +61,7 @@ class Expr:
     def __init__(self, source: str) -> None:
         global _FUNCTIONS
         import jsonata
-        from flowkernel.expression_bounds import guard, is_bounded, own_jsonata_instance, regex_engine
+        from flowkernel.core.expression_bounds import guard, is_bounded, own_jsonata_instance, regex_engine
 
         if not _FUNCTIONS:
             _FUNCTIONS = (jsonata.Jsonata.JFunctionCallable, jsonata.parser.Parser.Symbol)
@@ -99,7 +99,7 @@ class Expr:
         # threads at once, and without one jsonata binds ``$`` in the expression's shared frame.
         bindings = dict(variables) if variables else {}
         if not self.bounded:
-            from flowkernel.expression_bounds import evaluate_open
+            from flowkernel.core.expression_bounds import evaluate_open
 
             value = evaluate_open(self._compiled, quoted(self.source), context, bindings)
         else:

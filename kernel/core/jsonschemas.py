@@ -9,7 +9,7 @@ make the kernel issue requests or read files. Every validator here is built on a
 
 The regular expressions a schema brings (``pattern``, ``patternProperties``, and the
 ``additionalProperties`` and ``unevaluatedProperties`` that consult it) are matched by
-``flowkernel.bounded_regex`` under one deadline per validation, the limit of expressions
+``flowkernel.core.bounded_regex`` under one deadline per validation, the limit of expressions
 (``FLOWKERNEL_EXPR_TIMEOUT_MS``): jsonschema's own ``re.search`` holds the GIL, so a pattern such as
 ``^(a|a)+$`` against a long enough value would freeze every thread of the process. Running out of
 time raises ``PatternTimeoutError`` with the JSON paths of the value and of the schema keyword.
@@ -28,12 +28,12 @@ from urllib.parse import urljoin
 from flowkernel.errors import PatternTimeoutError, Problem
 
 if TYPE_CHECKING:
-    from flowkernel.bounded_regex import Bound
-    from flowkernel.expression_scope import ExpressionLimits, Scope
+    from flowkernel.core.bounded_regex import Bound
+    from flowkernel.core.expression_scope import ExpressionLimits, Scope
     from jsonschema.exceptions import ValidationError
     from jsonschema.protocols import Validator
 
-# A string holding a ``{{ }}`` binding: what ``flowkernel.node.bindable`` lets stand for any value.
+# A string holding a ``{{ }}`` binding: what ``flowkernel.core.node.bindable`` lets stand for any value.
 BINDING_SCHEMA: dict[str, Any] = {"type": "string", "pattern": r"\{\{",
                                   "description": "A {{ }} binding: its value is known when the node runs."}
 
@@ -107,8 +107,8 @@ class _Check:
     __slots__ = ("bound", "limits", "ran_out", "scope", "stops_caller")
 
     def __init__(self) -> None:
-        from flowkernel.bounded_regex import Bound
-        from flowkernel.expression_scope import given_scope, limits_from_env
+        from flowkernel.core.bounded_regex import Bound
+        from flowkernel.core.expression_scope import given_scope, limits_from_env
 
         scope = given_scope()
         if scope is None:
@@ -147,7 +147,7 @@ class _BoundedRe:
     @staticmethod
     def search(pattern: str, string: str) -> Any:
         import regex
-        from flowkernel.bounded_regex import RegexTimeout, compile_pattern, search
+        from flowkernel.core.bounded_regex import RegexTimeout, compile_pattern, search
         from jsonschema.exceptions import SchemaError
 
         check = _active.check or _Check()
@@ -159,7 +159,7 @@ class _BoundedRe:
             return search(compiled, string, check.bound)
         except RegexTimeout:
             if check.stops_caller:
-                from flowkernel.expression_scope import EvaluationCancelled
+                from flowkernel.core.expression_scope import EvaluationCancelled
 
                 raise EvaluationCancelled from None
             raise
@@ -176,7 +176,7 @@ def _rebound(function: Any, namespace: dict[str, Any]) -> Any:
 def _reporting(keyword: Any) -> Any:
     """``keyword`` yielding a pattern that ran out as a validation error (so it gets the JSON paths of
     the value and of the keyword), noted as this validation's first when it is."""
-    from flowkernel.bounded_regex import RegexTimeout
+    from flowkernel.core.bounded_regex import RegexTimeout
     from jsonschema.exceptions import ValidationError
 
     def checked(validator: Any, value: Any, instance: Any, schema: Any) -> Any:

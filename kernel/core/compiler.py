@@ -1,6 +1,6 @@
 """Validate a flow document and compile it into the graph the scheduler walks.
 
-Every problem is collected (``flowkernel.validation``: shape, ids, types, edges, gates, cycles,
+Every problem is collected (``flowkernel.core.validation``: shape, ids, types, edges, gates, cycles,
 expressions and the names they read, node inputs) and reported at once, each with its JSON path,
 before anything runs.
 """
@@ -12,8 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-from flowkernel.errors import FlowValidationError, Problem
-from flowkernel.expressions import (
+from flowkernel.core.expressions import (
     ALWAYS,
     Condition,
     Expr,
@@ -24,6 +23,7 @@ from flowkernel.expressions import (
     lazy_node_input,
     strip_braces,
 )
+from flowkernel.errors import FlowValidationError, Problem
 from flowkernel.flowfile import canonical_json, flow_hash, read_flow_document
 
 
@@ -146,8 +146,8 @@ def compile_flow(
     canonical text and hash, known already (what the store keeps, or what the validation cache keyed).
     """
     if not trusted:
-        from flowkernel.node import KnownNames
-        from flowkernel.validation import check_document
+        from flowkernel.core.node import KnownNames
+        from flowkernel.core.validation import check_document
 
         known = KnownNames(functions, tools) if functions is not None and tools is not None else None
         check_document(document, node_types, source, known)

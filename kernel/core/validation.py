@@ -10,9 +10,7 @@ import math
 from collections.abc import Collection, Container
 from typing import Any
 
-from flowkernel.core.nesting import MAX_DEPTH
-from flowkernel.errors import FlowValidationError, Problem
-from flowkernel.expressions import (
+from flowkernel.core.expressions import (
     Expr,
     ExprCheck,
     compile_expr,
@@ -21,8 +19,10 @@ from flowkernel.expressions import (
     quoted,
     strip_braces,
 )
-from flowkernel.node import KnownNames
-from flowkernel.references import references, yields_function
+from flowkernel.core.nesting import MAX_DEPTH
+from flowkernel.core.node import KnownNames
+from flowkernel.core.references import references, yields_function
+from flowkernel.errors import FlowValidationError, Problem
 
 RESERVED_IDS = frozenset({"flow", "state"})
 MAX_VALUE_PROBLEMS = 20
@@ -35,7 +35,7 @@ def check_document(document: Any, node_types: Container[str], source: str,
     problems = json_value_problems(document)
     if problems:  # not JSON: the checks below could recurse without end or fail to encode it
         raise FlowValidationError(source, problems)
-    from flowkernel.flow import parse_flow  # pydantic: only where a user's file is checked
+    from flowkernel.core.flow import parse_flow  # pydantic: only where a user's file is checked
 
     try:
         parse_flow(document, source)
@@ -111,7 +111,7 @@ def _dicts(value: Any) -> list[tuple[int, dict[str, Any]]]:
 
 
 def _check_schemas(doc: dict[str, Any], problems: list[Problem]) -> None:
-    from flowkernel.jsonschemas import check_schema
+    from flowkernel.core.jsonschemas import check_schema
 
     if doc.get("inputs") is not None:
         check_schema(doc["inputs"], "$.inputs", problems)
@@ -291,7 +291,7 @@ def _check_node_input(node_type: Any, type_name: str, raw_input: dict[str, Any],
                                           f"{type(exc).__name__}: {exc}"))
     schema = getattr(node_type, "input_schema", None)
     if isinstance(schema, dict):
-        from flowkernel.jsonschemas import input_problems
+        from flowkernel.core.jsonschemas import input_problems
 
         # The node type's own checks say it better where they speak; the schema covers the rest.
         said = [p.path for p in problems if p.path == path or p.path.startswith((f"{path}.", f"{path}["))]

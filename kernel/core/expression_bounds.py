@@ -11,7 +11,7 @@ Every other expression is *open*: it may define and call functions (recursion), 
 with a comparator, pad to any width. An open expression is evaluated under a ``Budget``: jsonata's
 evaluate entry and exit hooks count its nesting depth, check its deadline and its scope's
 cancellation on every step, and check the size of every intermediate list, object and string; regular
-expressions are matched by ``flowkernel.bounded_regex`` within the remaining time (without the GIL, and
+expressions are matched by ``flowkernel.core.bounded_regex`` within the remaining time (without the GIL, and
 a long match in a child process that a cancellation kills); ``$pad`` and ``$replace`` check the size of what they would build
 before building it. A limit that fires is an ``ExpressionLimitError`` (an ``ExpressionError``: the
 scheduler records it as a ``binding_error``, a transform node as ``expression_error``), so the run's
@@ -34,11 +34,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-import flowkernel.bounded_regex as bounded_regex
+import flowkernel.core.bounded_regex as bounded_regex
 import jsonata
 import regex
-from flowkernel.errors import ExpressionError, ExpressionLimitError
-from flowkernel.expression_scope import (  # noqa: F401  (the limits and scopes' documented home too)
+from flowkernel.core.expression_scope import (  # noqa: F401  (the limits and scopes' documented home too)
     DEFAULT_LIMITS,
     INLINE_ONLY,
     EvaluationCancelled,
@@ -48,6 +47,7 @@ from flowkernel.expression_scope import (  # noqa: F401  (the limits and scopes'
     current_scope,
     set_scope,
 )
+from flowkernel.errors import ExpressionError, ExpressionLimitError
 from jsonata import functions as jsonata_functions
 from jsonata.regex_engine import RegexFlags
 
@@ -154,7 +154,7 @@ def guard(compiled: jsonata.Jsonata) -> None:
 
 def evaluate_open(compiled: jsonata.Jsonata, quoted: str, context: Any, variables: Any) -> Any:
     """Evaluate an open expression under a budget of this thread's scope; ``quoted`` is its source as
-    error messages show it (``flowkernel.expressions.quoted``: cut short, so a message stays one line)."""
+    error messages show it (``flowkernel.core.expressions.quoted``: cut short, so a message stays one line)."""
     scope = current_scope()
     if scope.inline_only:
         raise NeedsThread
@@ -184,7 +184,7 @@ def evaluate_open(compiled: jsonata.Jsonata, quoted: str, context: Any, variable
 
 
 class _BoundedPattern:
-    """A ``regex`` pattern matched within its evaluation's time (``flowkernel.bounded_regex``: a long
+    """A ``regex`` pattern matched within its evaluation's time (``flowkernel.core.bounded_regex``: a long
     match moves to a child process that a cancellation kills); jsonata calls these four."""
 
     __slots__ = ("_pattern",)

@@ -10,8 +10,8 @@ from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from flowkernel.core.jsonschemas import BINDING_SCHEMA, check_schema
 from flowkernel.errors import Problem
-from flowkernel.jsonschemas import BINDING_SCHEMA, check_schema
 
 if TYPE_CHECKING:
     from flowkernel.context import NodeContext
@@ -60,7 +60,7 @@ class NodeType(Protocol):
 class CheckedNodeType(NodeType, Protocol):
     """A node type that also checks its (unresolved) input when the flow is loaded.
 
-    Optional attributes the compiler also reads (see ``flowkernel.validation``):
+    Optional attributes the compiler also reads (see ``flowkernel.core.validation``):
 
     - ``input_schema``: the JSON Schema of the input as written in the flow file (where a value may be
       a ``{{ }}`` binding, wrap its schema in ``bindable``). ``flowkernel schema`` gives it to editors

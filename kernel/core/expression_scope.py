@@ -1,5 +1,5 @@
 """The scope an evaluation of JSONata runs in: its limits, its cancellation, and whether it may run on
-this thread at all (``flowkernel.expression_bounds`` says what each is for).
+this thread at all (``flowkernel.core.expression_bounds`` says what each is for).
 
 Kept apart from ``expression_bounds`` so that the run shell can set scopes without importing JSONata
 and ``regex``: a flow without expressions runs without loading either.

@@ -1,4 +1,4 @@
-"""One regular-expression operation in a process of its own, for ``flowkernel.bounded_regex``.
+"""One regular-expression operation in a process of its own, for ``flowkernel.core.bounded_regex``.
 
 Run as a script (``python -P regex_child.py``): it imports nothing from flowkernel, so it starts in
 the time Python and ``regex`` take. It reads one JSON request on stdin: ``{op, pattern, flags,

@@ -25,7 +25,7 @@ _WHEN_SCHEMA: dict[str, Any] = {
     ],
 }
 
-# Checked structurally by the compiler (flowkernel.expressions.parse_when), which reports JSON paths.
+# Checked structurally by the compiler (flowkernel.core.expressions.parse_when), which reports JSON paths.
 When = Annotated[Any, WithJsonSchema({"x-when": True})]
 
 
@@ -132,7 +132,7 @@ def json_schema(node_types: Mapping[str, Any] | None = None) -> dict[str, Any]:
 
 
 def _node_per_type(defs: dict[str, Any], node_types: Mapping[str, Any]) -> None:
-    from flowkernel.jsonschemas import validator
+    from flowkernel.core.jsonschemas import validator
 
     node = defs["Node"]
     names = sorted(node_types)
