@@ -55,7 +55,7 @@ from flowkernel.errors import (
     RunInputError,
     StoreError,
 )
-from flowkernel.flow_tree import first_unavailable
+from flowkernel.flowfiles.tree import first_unavailable
 from flowkernel.gc_pause import collector_paused
 from flowkernel.ids import new_run_id, now_ms
 from flowkernel.offload import limits_from_env

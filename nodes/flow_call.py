@@ -10,7 +10,7 @@ from flowkernel.context import NodeContext
 from flowkernel.core.events import FlowPaused, NodeStart
 from flowkernel.core.node import INTERRUPTED, Interrupted, WaitFor, bindable
 from flowkernel.errors import FlowkernelError, NodeFailure, Problem
-from flowkernel.localfiles import resolve_inside
+from flowkernel.flowfiles.localfiles import resolve_inside
 
 if TYPE_CHECKING:
     from flowkernel.api import Kernel
@@ -23,7 +23,7 @@ class FlowCallNode:
     """Input ``{"flow": "<path relative to this flow>", "input"?: {...}}``.
 
     The child flow must be a regular file inside this flow's folder (or a folder the operator allows:
-    ``flowkernel.localfiles``), whether the path is written in the flow or comes from a binding.
+    ``flowkernel.flowfiles.localfiles``), whether the path is written in the flow or comes from a binding.
 
     The child run records ``parentRunId`` and ``parentNodeRunId``. Pause and abort cascade to it; a
     child waiting for a human makes this node (and so the parent run) wait; when this node runs

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import anthropic._data.deprecated_models as sdk_table
 import pytest
-from flowkernel.flow_tree import node_warnings
+from flowkernel.flowfiles.tree import node_warnings
 from flowkernel.nodes.claude import models
 from flowkernel.registry import default_registry
 

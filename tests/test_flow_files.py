@@ -21,7 +21,7 @@ from flowkernel.api import Kernel
 from flowkernel.core.compiler import compile_flow, load_flow
 from flowkernel.errors import FlowFileError, FlowValidationError, RunInputError
 from flowkernel.fixtures import FixtureError, MockQuery
-from flowkernel.localfiles import ALLOW_DIRS_ENV
+from flowkernel.flowfiles.localfiles import ALLOW_DIRS_ENV
 from flowkernel.registry import default_registry
 from flowkernel.store.sqlite import SqliteStore
 

@@ -13,11 +13,11 @@ ROOT = Path(__file__).resolve().parent.parent
 # The pure core: the flow model, the compiler, expressions (and their bounds), the reducer and the scheduling rules,
 # events and the snapshot, and the node-type protocol. None of it may import the run shell, the
 # stores, the CLI or anything that executes runs.
-CORE = {"flowkernel.core.budgets", "flowkernel.core.flow", "flowkernel.flowfile", "flowkernel.core.compiler", "flowkernel.core.expressions",
+CORE = {"flowkernel.core.budgets", "flowkernel.core.flow", "flowkernel.flowfiles.read", "flowkernel.core.compiler", "flowkernel.core.expressions",
         "flowkernel.core.expression_bounds", "flowkernel.core.expression_scope", "flowkernel.core.bounded_regex", "flowkernel.core.nesting",
         "flowkernel.core.reducer", "flowkernel.core.scheduling", "flowkernel.core.events", "flowkernel.core.snapshot",
         "flowkernel.core.state_ops", "flowkernel.errors", "flowkernel.ids", "flowkernel.core.node",
-        "flowkernel.core.validation", "flowkernel.core.references", "flowkernel.core.jsonschemas", "flowkernel.localfiles",
+        "flowkernel.core.validation", "flowkernel.core.references", "flowkernel.core.jsonschemas", "flowkernel.flowfiles.localfiles",
         "flowkernel.core.flow_update"}
 
 

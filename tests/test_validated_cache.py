@@ -14,10 +14,10 @@ from typing import Any
 
 import flowkernel.core.validation
 import pytest
-from flowkernel import validated
 from flowkernel.errors import FlowValidationError
+from flowkernel.flowfiles import validated
+from flowkernel.flowfiles.validated import load_valid_flow
 from flowkernel.registry import Registry, default_registry
-from flowkernel.validated import load_valid_flow
 
 PROBE = """
 import sys

@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         from flowkernel.registry import default_registry, load_plugins
 
         if args.allow_dir:  # through the environment: every kernel of this process reads it
-            from flowkernel.localfiles import ALLOW_DIRS_ENV
+            from flowkernel.flowfiles.localfiles import ALLOW_DIRS_ENV
 
             os.environ[ALLOW_DIRS_ENV] = os.pathsep.join(
                 [*args.allow_dir, *filter(None, os.environ.get(ALLOW_DIRS_ENV, "").split(os.pathsep))])

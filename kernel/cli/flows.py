@@ -32,8 +32,8 @@ def add_parsers(sub: Any) -> None:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    from flowkernel.flowfiles.validated import check_flow_file
     from flowkernel.registry import default_registry
-    from flowkernel.validated import check_flow_file
 
     flow = check_flow_file(args.flow, default_registry())
     from flowkernel.cli.wording import plural
@@ -88,8 +88,8 @@ def missing_input_hint(schema: Any, value: Any) -> str | None:
 def cmd_run(args: argparse.Namespace) -> int:
     from flowkernel.api import parse_inputs
     from flowkernel.errors import RunInputError
+    from flowkernel.flowfiles.validated import load_valid_flow
     from flowkernel.registry import default_registry
-    from flowkernel.validated import load_valid_flow
 
     # Everything about the input is checked before the store is touched. A queued run executes in a
     # worker, with the worker's plugins: its functions and tools are the worker's to know, not this

@@ -24,7 +24,7 @@ from flowkernel.core.expressions import (
     strip_braces,
 )
 from flowkernel.errors import FlowValidationError, Problem
-from flowkernel.flowfile import canonical_json, flow_hash, read_flow_document
+from flowkernel.flowfiles.read import canonical_json, flow_hash, read_flow_document
 
 
 # A flow of 10,000 nodes compiles 20,000 of these when a run of it resumes: msgspec structs are built

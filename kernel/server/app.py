@@ -20,7 +20,7 @@ import anyio
 from fastapi import APIRouter, Depends, FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from flowkernel.api import Kernel
-from flowkernel.catalog import FlowCatalog
+from flowkernel.flowfiles.catalog import FlowCatalog
 from flowkernel.server import agents, docs_page, execute, flows, problems, runs, stream, webui
 from flowkernel.server.access import AccessLog
 from flowkernel.server.auth import token_check

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Query, Request, Response
-from flowkernel.catalog import FlowCatalog
+from flowkernel.flowfiles.catalog import FlowCatalog
 from flowkernel.server.document import problems
 from flowkernel.server.pagination import DEFAULT_LIMIT, MAX_INT, FlowsCursor, cursors_of
 from flowkernel.server.problems import ApiProblem

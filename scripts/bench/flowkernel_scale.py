@@ -176,7 +176,7 @@ DEPENDENCY_FLOOR = f"dependency floor: python -c 'import {_DEPENDENCIES}' ms"
 def startup(runs: int = measure.STARTUP_RUNS) -> Metrics:
     """The flow file is validated once first (by the first ``run``, which also creates the store), as
     it is when a user runs a flow again: later runs and validations find it in the validation cache
-    (``flowkernel.validated``; a cache folder of this measurement's own). ``validate`` with the cache
+    (``flowkernel.flowfiles.validated``; a cache folder of this measurement's own). ``validate`` with the cache
     off is measured too: what checking a new or changed file costs. The dependency floor (importing
     what a run needs from other packages, nothing of flowkernel's) shows what part of ``run`` is theirs."""
     fk._byte_compile()

@@ -11,7 +11,12 @@ from typing import Any
 
 from flowkernel.core.nesting import MAX_DEPTH, deep_point, describe
 from flowkernel.errors import FlowFileError
-from flowkernel.localfiles import DEFAULT_MAX_FLOW_BYTES, MAX_FLOW_BYTES_ENV, limit_from_env, read_limited
+from flowkernel.flowfiles.localfiles import (
+    DEFAULT_MAX_FLOW_BYTES,
+    MAX_FLOW_BYTES_ENV,
+    limit_from_env,
+    read_limited,
+)
 
 
 def read_flow_document(path: Path) -> tuple[Any, str]:

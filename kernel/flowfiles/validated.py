@@ -23,7 +23,7 @@ is touched when used; past ``MAX_RECORDS`` records the least recently used are r
 document the key cannot be computed for is simply validated. A cache that cannot be read or written
 is as good as empty: it never stops a command. Only a flow that passed validation is ever recorded.
 
-The child flows a flow calls by constant paths are validated with it (``flowkernel.flow_tree``), each
+The child flows a flow calls by constant paths are validated with it (``flowkernel.flowfiles.tree``), each
 through its own record, looked up every time: a grandchild changed since is seen, though the flow's
 own record keys only its direct children's contents.
 
@@ -42,14 +42,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from flowkernel.errors import FlowkernelError, FlowValidationError, Problem
-from flowkernel.flowfile import canonical_json, flow_hash, read_flow_document
-from flowkernel.localfiles import (
+from flowkernel.flowfiles.localfiles import (
     DEFAULT_MAX_FLOW_BYTES,
     MAX_FLOW_BYTES_ENV,
     limit_from_env,
     read_limited,
     resolve_inside,
 )
+from flowkernel.flowfiles.read import canonical_json, flow_hash, read_flow_document
 
 if TYPE_CHECKING:
     from flowkernel.core.compiler import CompiledFlow
@@ -76,7 +76,7 @@ def load_valid_flow(path: str | Path, registry: Registry, *, check_names: bool =
                     warnings: list[Problem] | None = None) -> CompiledFlow:
     """Read a flow file and compile it, validating it unless it passed validation before with all that
     validation reads unchanged (see the module), and the child flows it calls by constant paths with
-    it (``flowkernel.flow_tree``): every problem of them all is reported at once. ``check_names``:
+    it (``flowkernel.flowfiles.tree``): every problem of them all is reported at once. ``check_names``:
     functions and tools must be registered (as ``load_flow`` with the registry's names). ``warnings``,
     given, gets what is worth a warning but does not make the flow invalid."""
     from flowkernel.core.compiler import compile_flow
@@ -118,7 +118,7 @@ def _with_children(found: _Found, registry: Registry, check_names: bool, own: Ca
                    warnings: list[Problem] | None) -> _T:
     """``own()`` (the flow's own validation), with the problems of the child flows it calls added to
     its own, or raised on their own when it has none; warnings of them all go to ``warnings``."""
-    from flowkernel.flow_tree import check_tree, node_warnings
+    from flowkernel.flowfiles.tree import check_tree, node_warnings
 
     problems: list[Problem] = []
     result: _T | None = None

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from flowkernel.errors import FlowkernelError, Problem
-from flowkernel.flowfile import read_flow_document
-from flowkernel.localfiles import resolve_inside
+from flowkernel.flowfiles.localfiles import resolve_inside
+from flowkernel.flowfiles.read import read_flow_document
 
 FLOW_CALL = "flow.call"
 
