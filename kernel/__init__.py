@@ -23,6 +23,7 @@ _MOVED: dict[str, str] = {
     "flowkernel.node": "flowkernel.core.node",
     "flowkernel.reducer": "flowkernel.core.reducer",
     "flowkernel.state_ops": "flowkernel.core.state_ops",
+    "flowkernel.store.postgres": "flowkernel.store.sql.postgres",
 }
 
 

@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import anyio
 import msgspec
 from flowkernel.agent_runs import AgentRunFold
-from flowkernel.checkpoint import decode_checkpoint, encode_checkpoint
 from flowkernel.committer import Committer
 from flowkernel.core.budgets import run_limit
 from flowkernel.core.commands import Command, CommandOutcome, judge_command, unstorable_at
@@ -64,6 +63,7 @@ from flowkernel.registry import Registry, default_registry
 from flowkernel.runner import COMMAND_POLL_S, EventListener, RunExecution
 from flowkernel.settings import RunSettings, check_fixtures, import_plugins
 from flowkernel.store.base import AgentRun, CreateRequest, EventRow, Lease, RunRecord, Store
+from flowkernel.store.checkpoint import decode_checkpoint, encode_checkpoint
 from flowkernel.worker_defaults import DEFAULT_LEASE_S
 from msgspec.structs import replace
 

@@ -22,7 +22,6 @@ import msgspec
 from anyio.abc import TaskGroup
 from flowkernel import telemetry
 from flowkernel.agent_runs import FOLDED, AgentRunFold
-from flowkernel.checkpoint import encode_checkpoint
 from flowkernel.committer import Committer
 from flowkernel.context import NodeContext
 from flowkernel.core.budgets import has_budgets, over_budget, run_limit
@@ -64,11 +63,12 @@ from flowkernel.core.snapshot import InboxMessage, RunSnapshot
 from flowkernel.errors import FlowkernelError, LeaseLostError, NodeFailure, StoreError
 from flowkernel.ids import new_node_run_id
 from flowkernel.offload import CANCELLED, call_off_loop, expression_limits
-from flowkernel.packing import LEAF, PACKED_PREFIX, Packer
 from flowkernel.redaction import holds_secret, redact_bytes
 from flowkernel.registry import Registry
 from flowkernel.store.base import CommitRequest, EventRow, Lease, RunTotals, Store
+from flowkernel.store.checkpoint import encode_checkpoint
 from flowkernel.store.fenced import fenced
+from flowkernel.store.packing import LEAF, PACKED_PREFIX, Packer
 from msgspec.structs import replace
 
 # Called with each committed event. A listener with a ``batch(events)`` method gets the events of each

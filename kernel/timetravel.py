@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from flowkernel.agent_runs import fold_agent_runs
-from flowkernel.checkpoint import encode_checkpoint
 from flowkernel.core.events import (
     AgentError,
     AgentStart,
@@ -46,6 +45,7 @@ from flowkernel.core.snapshot import RunSnapshot
 from flowkernel.errors import InvalidInputError
 from flowkernel.ids import new_run_id, now_ms
 from flowkernel.store.base import EventRow, RunRecord
+from flowkernel.store.checkpoint import encode_checkpoint
 
 if TYPE_CHECKING:
     from flowkernel.api import Kernel

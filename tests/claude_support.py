@@ -9,7 +9,7 @@ from flowkernel.api import Kernel
 from flowkernel.core.events import Event
 from flowkernel.nodes.claude.query import AnthropicQuery
 from flowkernel.registry import Registry, default_registry
-from flowkernel.store.sqlite import SqliteStore
+from flowkernel.store.sql.sqlite import SqliteStore
 from flowkernel.testing.fake_api import FakeAnthropic
 
 

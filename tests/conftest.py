@@ -25,7 +25,7 @@ if "FLOWKERNEL_CACHE_DIR" not in os.environ:
     atexit.register(shutil.rmtree, _CACHE, True)
 
 from flowkernel.store.memory import MemoryStore  # noqa: E402
-from flowkernel.store.sqlite import SqliteStore  # noqa: E402
+from flowkernel.store.sql.sqlite import SqliteStore  # noqa: E402
 from flowkernel.testing.audit import audit_store  # noqa: E402
 
 

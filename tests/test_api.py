@@ -11,7 +11,7 @@ from flowkernel.api import Kernel
 from flowkernel.core.commands import Command
 from flowkernel.core.events import BaseEvent
 from flowkernel.store.base import Lease
-from flowkernel.store.sqlite import SqliteStore
+from flowkernel.store.sql.sqlite import SqliteStore
 
 import tests.plugins.waiters  # noqa: F401  (registers await_message)
 from tests.helpers import flow, py, registry, run_flow, t

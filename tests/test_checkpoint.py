@@ -7,11 +7,11 @@ from typing import Any
 
 import anyio
 from flowkernel.api import Kernel
-from flowkernel.checkpoint import LEAF, decode_checkpoint, encode_checkpoint, load_checkpoint
 from flowkernel.context import NodeContext
 from flowkernel.core.snapshot import RunSnapshot
-from flowkernel.packing import FANOUT
-from flowkernel.store.sqlite import SqliteStore
+from flowkernel.store.checkpoint import LEAF, decode_checkpoint, encode_checkpoint, load_checkpoint
+from flowkernel.store.packing import FANOUT
+from flowkernel.store.sql.sqlite import SqliteStore
 from msgspec.structs import replace
 
 from tests.helpers import flow, py, registry

@@ -140,7 +140,7 @@ import sys, anyio
 from flowkernel.nodes.claude.query import AnthropicQuery
 from flowkernel.api import Kernel
 from flowkernel.registry import default_registry
-from flowkernel.store.sqlite import SqliteStore
+from flowkernel.store.sql.sqlite import SqliteStore
 
 db, base_url, run_id = sys.argv[1:4]
 registry = default_registry().copy()
@@ -202,7 +202,7 @@ async def test_the_default_query_honours_anthropic_base_url_and_api_key(
         tmp_path: Path, fake: FakeAnthropic, monkeypatch: pytest.MonkeyPatch) -> None:
     from flowkernel.api import Kernel
     from flowkernel.registry import default_registry
-    from flowkernel.store.sqlite import SqliteStore
+    from flowkernel.store.sql.sqlite import SqliteStore
 
     monkeypatch.setenv("ANTHROPIC_BASE_URL", fake.base_url)
     monkeypatch.setenv("ANTHROPIC_API_KEY", "from-env")

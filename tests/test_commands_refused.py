@@ -18,7 +18,7 @@ from flowkernel.core.commands import PREVIEW_CHARS, Command
 from flowkernel.core.events import CommandReceived
 from flowkernel.core.node import WaitFor
 from flowkernel.errors import CommandRejectedError
-from flowkernel.store.sqlite import SqliteStore
+from flowkernel.store.sql.sqlite import SqliteStore
 
 import tests.plugins.waiters  # noqa: F401  (registers the functions)
 from tests.helpers import flow, py, registry

@@ -10,7 +10,7 @@ from flowkernel.api import Kernel
 from flowkernel.ids import new_run_id
 from flowkernel.registry import default_registry
 from flowkernel.server.feed import Feed
-from flowkernel.store.sqlite import SqliteStore
+from flowkernel.store.sql.sqlite import SqliteStore
 
 
 def test_commits_of_this_process_reach_a_follower_without_waiting_for_a_poll(tmp_path: Path) -> None:

@@ -71,7 +71,7 @@ def test_recorded_fixtures_reproduce_the_same_events_and_outputs(tmp_path: Path)
 
 
 def test_assistant_messages_keep_their_calls_usage_in_sqlite(tmp_path: Path) -> None:
-    from flowkernel.store.sqlite import SqliteStore
+    from flowkernel.store.sql.sqlite import SqliteStore
 
     with FakeAnthropic() as fake:
         fake.script(reply(ToolUse("add", {"a": 1, "b": 1}), input_tokens=40, output_tokens=7, id="msg_a"),

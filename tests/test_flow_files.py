@@ -23,7 +23,7 @@ from flowkernel.errors import FlowFileError, FlowValidationError, RunInputError
 from flowkernel.fixtures import FixtureError, MockQuery
 from flowkernel.flowfiles.localfiles import ALLOW_DIRS_ENV
 from flowkernel.registry import default_registry
-from flowkernel.store.sqlite import SqliteStore
+from flowkernel.store.sql.sqlite import SqliteStore
 
 ROOT = Path(__file__).resolve().parent.parent
 TYPES = default_registry().node_types

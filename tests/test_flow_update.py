@@ -19,7 +19,7 @@ from flowkernel.core.compiler import compile_flow
 from flowkernel.core.flow_update import incompatibilities
 from flowkernel.core.reducer import fold
 from flowkernel.registry import default_registry
-from flowkernel.store.sqlite import SqliteStore
+from flowkernel.store.sql.sqlite import SqliteStore
 from flowkernel.testing.audit import audit_store
 
 from tests.helpers import flow, registry, run_flow, t
@@ -299,7 +299,7 @@ def test_an_exported_updated_run_imports_with_every_flow_it_followed(tmp_path: P
 
     import anyio
     from flowkernel.api import Kernel
-    from flowkernel.retention import export_runs, import_runs
+    from flowkernel.store.retention import export_runs, import_runs
 
     source = SqliteStore(tmp_path / "source.db")
     kernel = Kernel(source, registry=registry())

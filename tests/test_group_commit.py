@@ -13,7 +13,7 @@ from flowkernel.api import Kernel
 from flowkernel.errors import LeaseLostError, StoreError
 from flowkernel.store.base import CommitRequest, CreateRequest, Store
 from flowkernel.store.memory import MemoryStore
-from flowkernel.store.sqlite import SqliteStore
+from flowkernel.store.sql.sqlite import SqliteStore
 
 from tests.helpers import flow, py, registry
 from tests.test_postgres import _event, _record, open_store, pg_url  # noqa: F401 (fixtures)

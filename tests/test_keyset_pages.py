@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from flowkernel.store.base import AgentRun, RunRecord
-from flowkernel.store.postgres import PostgresStore
+from flowkernel.store.sql.postgres import PostgresStore
 
 from tests.server_support import wait_for
 from tests.test_postgres import pg_url  # noqa: F401  (the fixture)

@@ -11,7 +11,7 @@ from flowkernel.api import Kernel
 from flowkernel.context import NodeContext
 from flowkernel.core.events import AgentTextDelta, BaseEvent, StatePatch
 from flowkernel.store.memory import MemoryStore
-from flowkernel.store.sqlite import SqliteStore
+from flowkernel.store.sql.sqlite import SqliteStore
 
 from tests.helpers import flow, py, registry
 

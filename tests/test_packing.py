@@ -8,9 +8,9 @@ from typing import Any
 import msgspec
 import pytest
 from flowkernel.core.events import NodeComplete, encode
-from flowkernel.packing import FANOUT, LEAF, PACKED_PREFIX, Packer, Resolver
 from flowkernel.store.memory import MemoryStore
-from flowkernel.store.sqlite import SqliteStore
+from flowkernel.store.packing import FANOUT, LEAF, PACKED_PREFIX, Packer, Resolver
+from flowkernel.store.sql.sqlite import SqliteStore
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

@@ -25,7 +25,7 @@ import pytest
 from flowkernel.api import Kernel
 from flowkernel.errors import StoreError, UnknownRunError
 from flowkernel.store.base import Lease, RunRecord, Store
-from flowkernel.store.sqlite import SqliteStore
+from flowkernel.store.sql.sqlite import SqliteStore
 from flowkernel.testing.audit import audit_store
 from msgspec.structs import replace
 
@@ -88,7 +88,7 @@ def pg_url() -> Iterator[str]:
 
 
 def _pg_store(url: str) -> Store:
-    from flowkernel.store.postgres import PostgresStore
+    from flowkernel.store.sql.postgres import PostgresStore
 
     return PostgresStore(url)
 
@@ -320,7 +320,7 @@ def test_racing_workers_on_one_lease_get_exactly_one_winner(pg_url: str) -> None
 @needs_pg
 def test_unreachable_server_wrong_password_and_missing_database_are_one_line_errors() -> None:
     import psycopg.conninfo
-    from flowkernel.store.postgres import PostgresStore
+    from flowkernel.store.sql.postgres import PostgresStore
 
     parts = psycopg.conninfo.conninfo_to_dict(os.environ[ENV_VAR])
     host, port, user = parts.get("host") or "127.0.0.1", int(parts.get("port") or 5432), parts.get("user") or "x"

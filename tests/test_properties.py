@@ -24,7 +24,6 @@ import anyio
 import msgspec
 import pytest
 from flowkernel.api import Kernel
-from flowkernel.checkpoint import load_checkpoint
 from flowkernel.core.compiler import CompiledFlow, compile_flow
 from flowkernel.core.events import (
     BaseEvent,
@@ -44,8 +43,9 @@ from flowkernel.core.reducer import apply, fold, initial_snapshot, own
 from flowkernel.core.scheduling import Progress, awake, decide, running_count
 from flowkernel.core.snapshot import ForEachState, RunSnapshot
 from flowkernel.registry import Registry, default_registry
+from flowkernel.store.checkpoint import load_checkpoint
 from flowkernel.store.memory import MemoryStore
-from flowkernel.store.sqlite import SqliteStore
+from flowkernel.store.sql.sqlite import SqliteStore
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from msgspec.structs import replace

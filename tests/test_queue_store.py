@@ -19,7 +19,7 @@ import pytest
 from flowkernel.errors import LeaseLostError
 from flowkernel.store.base import Lease, RunRecord, Store, WorkerRecord
 from flowkernel.store.memory import MemoryStore
-from flowkernel.store.sqlite import SqliteStore
+from flowkernel.store.sql.sqlite import SqliteStore
 from msgspec.structs import replace
 
 from tests.test_postgres import _pg_store, needs_pg, pg_url  # noqa: F401 (pg_url is a fixture)

@@ -20,16 +20,16 @@ from typing import Any
 import anyio
 import pytest
 from flowkernel.api import Kernel
-from flowkernel.checkpoint import checkpoint_blobs
 from flowkernel.core.commands import Command
 from flowkernel.core.reducer import fold
 from flowkernel.errors import RunBusyError, UnknownRunError
 from flowkernel.fixtures import MockQuery
 from flowkernel.ids import now_ms
 from flowkernel.registry import default_registry
-from flowkernel.retention import export_runs, import_runs, prune
+from flowkernel.store.checkpoint import checkpoint_blobs
 from flowkernel.store.open import open_store
-from flowkernel.store.sql import SqlStore
+from flowkernel.store.retention import export_runs, import_runs, prune
+from flowkernel.store.sql.store import SqlStore
 from flowkernel.timetravel import rerun
 
 from tests.test_postgres import needs_pg, pg_url  # noqa: F401 (pg_url is a fixture)
@@ -286,9 +286,9 @@ def test_blobs_an_event_stored_packed_reaches_are_kept_by_prune_and_carried_by_e
     # run's events reach blob k1 (its checkpoint does not); the pruned run's checkpoint reaches k1 and k2.
     from io import BytesIO
 
-    from flowkernel.packing import PACKED_PREFIX
-    from flowkernel.retention import prune
     from flowkernel.store.base import RunRecord
+    from flowkernel.store.packing import PACKED_PREFIX
+    from flowkernel.store.retention import prune
 
     store = open_store(db, create=True)
     try:

@@ -20,7 +20,7 @@ from flowkernel.api import Kernel
 from flowkernel.core.compiler import compile_flow
 from flowkernel.gc_pause import collector_paused
 from flowkernel.registry import default_registry
-from flowkernel.store.sqlite import SqliteStore
+from flowkernel.store.sql.sqlite import SqliteStore
 
 CHAIN = {"name": "chain", "nodes": [{"id": f"n{i}", "type": "noop", "input": {"i": i}} for i in range(3)],
          "edges": [{"from": "n0", "to": "n1"}, {"from": "n1", "to": "n2"}]}

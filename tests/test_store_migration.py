@@ -9,8 +9,8 @@ from typing import Any
 import anyio
 from flowkernel.api import Kernel
 from flowkernel.store.memory import MemoryStore
-from flowkernel.store.sql import SCHEMA_VERSION
-from flowkernel.store.sqlite import SqliteStore
+from flowkernel.store.sql.sqlite import SqliteStore
+from flowkernel.store.sql.store import SCHEMA_VERSION
 from flowkernel.testing.fake_api import Text, ToolUse, reply
 
 from tests.test_postgres import pg_url  # noqa: F401  (the fixture)
@@ -71,7 +71,7 @@ def test_a_version_2_database_is_migrated_and_its_runs_read_back_the_same(tmp_pa
 
 
 # Schema version 4 as it was released (before run usage and cost, idempotency keys and agent runs),
-# with ``{id}``, ``{key}`` and ``{body}`` as in flowkernel.store.sql.
+# with ``{id}``, ``{key}`` and ``{body}`` as in flowkernel.store.sql.store.
 V4 = [
     "CREATE TABLE flows (hash TEXT PRIMARY KEY, name TEXT NOT NULL, document TEXT NOT NULL, created_at BIGINT NOT NULL)",
     """CREATE TABLE runs (run_id TEXT PRIMARY KEY, flow_hash TEXT NOT NULL, flow_name TEXT NOT NULL, flow_source TEXT,
@@ -155,7 +155,7 @@ def test_a_version_4_sqlite_database_is_migrated_to_version_5(tmp_path: Path) ->
 
 def test_a_version_4_postgres_database_is_migrated_to_version_5(pg_url: str) -> None:  # noqa: F811
     import psycopg
-    from flowkernel.store.postgres import PostgresStore
+    from flowkernel.store.sql.postgres import PostgresStore
 
     source, snaps = _hello_runs()
     with psycopg.connect(pg_url, autocommit=True) as db:
@@ -220,7 +220,7 @@ def test_a_version_8_database_gets_the_agent_runs_of_its_logs(tmp_path: Path) ->
 def test_a_version_8_postgres_database_gets_the_agent_runs_of_its_logs(tmp_path: Path, pg_url: str) -> None:  # noqa: F811
     import psycopg
     from flowkernel.nodes.claude.query import AnthropicQuery
-    from flowkernel.store.postgres import PostgresStore
+    from flowkernel.store.sql.postgres import PostgresStore
     from flowkernel.testing.audit import audit_run
     from flowkernel.testing.fake_api import FakeAnthropic
 

@@ -370,8 +370,8 @@ def test_the_flush_at_exit_leaves_when_its_bound_is_up_though_the_exporter_never
 
 def test_every_store_keeps_the_first_trace_context_of_a_run(tmp_path: Path, pg_url: str) -> None:  # noqa: F811
     from flowkernel.store.memory import MemoryStore
-    from flowkernel.store.postgres import PostgresStore
-    from flowkernel.store.sqlite import SqliteStore
+    from flowkernel.store.sql.postgres import PostgresStore
+    from flowkernel.store.sql.sqlite import SqliteStore
 
     first = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
     for store in (MemoryStore(), SqliteStore(tmp_path / "runs.db"), PostgresStore(pg_url)):

@@ -19,7 +19,7 @@ from flowkernel.core.events import (
     NodeStart,
 )
 from flowkernel.fixtures import MockQuery
-from flowkernel.store.sqlite import SqliteStore
+from flowkernel.store.sql.sqlite import SqliteStore
 from flowkernel.testing.harness import run_flow
 from flowkernel.timetravel import create_fork, first_divergence, fork, rerun
 

@@ -41,7 +41,7 @@ def _progress(line: str) -> None:
 
 
 def cmd_prune(args: argparse.Namespace) -> int:
-    from flowkernel.retention import parse_age, parse_statuses, prune
+    from flowkernel.store.retention import parse_age, parse_statuses, prune
 
     older = parse_age(args.older_than)
     statuses = parse_statuses(args.status)
@@ -63,7 +63,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from flowkernel.retention import export_runs
+    from flowkernel.store.retention import export_runs
 
     with opened(args) as kernel:
         written = export_runs(kernel.store, args.runs, sys.stdout.buffer, with_children=args.with_children,
@@ -76,7 +76,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_import(args: argparse.Namespace) -> int:
     from flowkernel.errors import InvalidInputError
-    from flowkernel.retention import import_runs
+    from flowkernel.store.retention import import_runs
 
     try:
         source = sys.stdin.buffer if args.file == "-" else open(args.file, "rb")  # noqa: SIM115 (closed below)

@@ -11,7 +11,6 @@ from typing import Any
 from flowkernel.core.events import USAGE_KEYS
 from flowkernel.errors import LeaseLostError, StoreError, UnknownRunError
 from flowkernel.ids import now_ms
-from flowkernel.packing import resolve_bodies
 from flowkernel.store.base import (
     AgentRun,
     Claim,
@@ -25,6 +24,7 @@ from flowkernel.store.base import (
     RunTotals,
     WorkerRecord,
 )
+from flowkernel.store.packing import resolve_bodies
 from msgspec.structs import replace
 
 

@@ -25,7 +25,7 @@ def open_store(url: str | None = None, *, create: bool = True, readonly: bool = 
         return MemoryStore()
     if url.startswith(("postgresql://", "postgres://")):
         try:
-            from flowkernel.store.postgres import PostgresStore  # type: ignore[import-not-found,unused-ignore]
+            from flowkernel.store.sql.postgres import PostgresStore  # type: ignore[import-not-found,unused-ignore]
         except ImportError:
             raise InvalidInputError("--db postgresql://… needs the PostgreSQL store (pip install flowkernel[postgres])") from None
         store: Store = PostgresStore(url)
@@ -34,6 +34,6 @@ def open_store(url: str | None = None, *, create: bool = True, readonly: bool = 
         url = url[len("sqlite:///"):]
     elif "://" in url:
         raise InvalidInputError(f"--db {url}: unknown store; use a SQLite file path or postgresql://…")
-    from flowkernel.store.sqlite import SqliteStore
+    from flowkernel.store.sql.sqlite import SqliteStore
 
     return SqliteStore(Path(url), create=create, readonly=readonly)

@@ -11,11 +11,11 @@ import json
 from typing import Any
 
 from flowkernel.agent_runs import fold_agent_runs
-from flowkernel.checkpoint import load_checkpoint
 from flowkernel.core.compiler import CompiledFlow, compile_flow
 from flowkernel.core.events import FlowStart, decode
 from flowkernel.core.reducer import fold
 from flowkernel.store.base import Store
+from flowkernel.store.checkpoint import load_checkpoint
 
 
 class _AnyType:

@@ -49,7 +49,7 @@ class FlowTester:
 
     def _store(self, store: Any) -> Any:
         if store == "file":
-            from flowkernel.store.sqlite import SqliteStore
+            from flowkernel.store.sql.sqlite import SqliteStore
 
             return SqliteStore(self.tmp_path / "flowkernel.db")
         return store

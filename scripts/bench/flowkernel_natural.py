@@ -32,7 +32,7 @@ from flowkernel.core.compiler import CompiledFlow
 from flowkernel.core.snapshot import RunSnapshot
 from flowkernel.registry import Registry, default_registry
 from flowkernel.render import LiveView
-from flowkernel.store.sqlite import SqliteStore
+from flowkernel.store.sql.sqlite import SqliteStore
 from measure import CpuClock, Metrics, Stopwatch
 
 Document = dict[str, Any]
@@ -193,7 +193,7 @@ def s5(runs: int = measure.S5_RUNS, steps: int = measure.S5_STEPS) -> Metrics:
 
 def s5_pg(runs: int = measure.S5_RUNS, steps: int = measure.S5_STEPS) -> Metrics:
     import psycopg
-    from flowkernel.store.postgres import PostgresStore
+    from flowkernel.store.sql.postgres import PostgresStore
 
     url = os.environ["FLOWKERNEL_TEST_PG"]
     schema = f"bench_s5_{os.getpid()}"

@@ -35,7 +35,7 @@ from flowkernel.core.commands import Command
 from flowkernel.core.events import AgentTextDelta
 from flowkernel.registry import default_registry
 from flowkernel.store.memory import MemoryStore
-from flowkernel.store.sqlite import SqliteStore
+from flowkernel.store.sql.sqlite import SqliteStore
 from measure import CpuClock, Metrics, Stopwatch
 
 Document = dict[str, Any]

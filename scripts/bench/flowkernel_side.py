@@ -34,7 +34,7 @@ from flowkernel.context import NodeContext
 from flowkernel.core.commands import Command
 from flowkernel.core.snapshot import RunSnapshot
 from flowkernel.registry import Registry, default_registry
-from flowkernel.store.sqlite import SqliteStore
+from flowkernel.store.sql.sqlite import SqliteStore
 from measure import Metrics, Stopwatch
 
 Document = dict[str, Any]

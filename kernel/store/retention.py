@@ -14,12 +14,12 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import IO
 
 import msgspec
-from flowkernel.checkpoint import blob_refs, packed_blobs
 from flowkernel.errors import FlowkernelError, InvalidInputError, RunBusyError
 from flowkernel.ids import now_ms
 from flowkernel.store.base import Store
-from flowkernel.store.sql import SCHEMA_VERSION, SqlStore
-from flowkernel.store.sql_archive import RunArchive
+from flowkernel.store.checkpoint import blob_refs, packed_blobs
+from flowkernel.store.sql.archive import RunArchive
+from flowkernel.store.sql.store import SCHEMA_VERSION, SqlStore
 
 FORMAT = "flowkernel.run"  # the ``format`` of each line of an export
 RUN_STATUSES = ("queued", "running", "paused", "waiting", "completed", "failed", "aborted")

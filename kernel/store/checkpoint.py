@@ -1,7 +1,7 @@
 """Checkpoints that cost what changed: the snapshot as a small skeleton plus content-addressed blobs.
 
 Large values in ``state`` and ``outputs`` are stored once under the hash of their encoding, and long
-lists in blocks (``flowkernel.packing``): a new checkpoint writes the skeleton and the blobs that did
+lists in blocks (``flowkernel.store.packing``): a new checkpoint writes the skeleton and the blobs that did
 not exist yet, so an output written once is never written again and a growing list costs its growth,
 not its size. Given the run's ``Packer`` (the run shell keeps one per execution), a checkpoint also
 costs its growth in CPU: values and blocks packed before are known without encoding them again.
@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 from flowkernel.core.nesting import clipped, read_deep
 from flowkernel.core.snapshot import RunSnapshot
-from flowkernel.packing import LEAF, PACKED_PREFIX, Fetch, Packer, Resolver, blob_refs
+from flowkernel.store.packing import LEAF, PACKED_PREFIX, Fetch, Packer, Resolver, blob_refs
 from msgspec.structs import replace
 
 if TYPE_CHECKING:
@@ -75,7 +75,7 @@ def checkpoint_blobs(skeleton: bytes, fetch: Fetch) -> dict[str, bytes]:
 
 def packed_blobs(body: bytes, fetch: Fetch) -> dict[str, bytes]:
     """Every blob a stored body reaches: a checkpoint's skeleton, or an event stored packed (its large
-    payloads refer to blobs, ``flowkernel.packing``); an event stored whole reaches none."""
+    payloads refer to blobs, ``flowkernel.store.packing``); an event stored whole reaches none."""
     if body.startswith(PACKED_PREFIX):
         return reachable_blobs([read_deep(msgspec.json.decode, body)], fetch)
     if body.startswith(b'{"type":'):

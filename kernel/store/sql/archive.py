@@ -19,8 +19,8 @@ from typing import Any, ClassVar
 import msgspec
 from flowkernel.core.nesting import loads
 from flowkernel.errors import InvalidInputError, RunBusyError, StoreError, UnknownRunError
-from flowkernel.packing import PACKED_PREFIX
 from flowkernel.store.base import EventRow
+from flowkernel.store.packing import PACKED_PREFIX
 
 # An event's key is ``run_no * RUN_SPAN + seq``: one integer key, so the log is a single b-tree that
 # grows at its right edge (no secondary index to keep balanced on every commit).
@@ -149,8 +149,8 @@ class SqlArchive:
     def delete_runs(self, run_ids: Sequence[str], now: int) -> tuple[list[bytes], int]:
         """Delete these runs and every row of theirs in one transaction; returns their checkpoint
         skeletons and the bodies of their events stored packed (the roots of the blobs that may have no
-        user left: ``flowkernel.checkpoint.packed_blobs``) and the number of events deleted.
-        Blobs stay: they are shared by content (``flowkernel.retention`` collects them). If one of the
+        user left: ``flowkernel.store.checkpoint.packed_blobs``) and the number of events deleted.
+        Blobs stay: they are shared by content (``flowkernel.store.retention`` collects them). If one of the
         runs has a live lease (a worker claimed it meanwhile) nothing is deleted: ``RunBusyError``."""
         if not run_ids:
             return [], 0
@@ -218,7 +218,7 @@ class SqlArchive:
 
     def export_run(self, run_id: str, blobs_of: Any) -> RunArchive:
         """Everything of one run, read in one transaction. ``blobs_of(body, fetch)`` gives the blobs a
-        checkpoint or an event stored packed reaches (``flowkernel.checkpoint.packed_blobs``)."""
+        checkpoint or an event stored packed reaches (``flowkernel.store.checkpoint.packed_blobs``)."""
         p = self.param
         with self._tx() as db:
             if self._sql_one_snapshot:

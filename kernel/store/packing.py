@@ -13,7 +13,7 @@ after one pointer comparison per item, without encoding anything. Values handed 
 are made of those items, so a list a node builds from what it was given packs in O(growth + log n).
 What the packer remembers is never mutated: snapshot and event values are not.
 
-Checkpoints (``flowkernel.checkpoint``) and the large payloads of events are packed this way; a packed
+Checkpoints (``flowkernel.store.checkpoint``) and the large payloads of events are packed this way; a packed
 event's stored body starts with ``PACKED_PREFIX``, and stores resolve such bodies when they read them
 (``resolve_bodies``), so readers of the log always see whole events.
 """

@@ -21,7 +21,6 @@ from flowkernel.core.events import USAGE_KEYS
 from flowkernel.core.nesting import loads
 from flowkernel.errors import LeaseLostError, StoreError, UnknownRunError
 from flowkernel.ids import now_ms
-from flowkernel.packing import resolve_bodies
 from flowkernel.store.base import (
     AgentRun,
     Claim,
@@ -35,7 +34,8 @@ from flowkernel.store.base import (
     RunTotals,
     WorkerRecord,
 )
-from flowkernel.store.sql_archive import RUN_SPAN, SqlArchive
+from flowkernel.store.packing import resolve_bodies
+from flowkernel.store.sql.archive import RUN_SPAN, SqlArchive
 
 SCHEMA_VERSION = 11  # 2: content-addressed checkpoint blobs; 3: events keyed by run number and seq;
 # 4: an event row is its key, its time and its body (the rest was in the body already);

@@ -1,6 +1,6 @@
 """The SQLite store: one file, WAL, ``synchronous=FULL``; every commit is durable when it returns.
 
-The statements and method bodies are shared with the PostgreSQL store (``flowkernel.store.sql``); this
+The statements and method bodies are shared with the PostgreSQL store (``flowkernel.store.sql.store``); this
 module holds what is SQLite's own: the file, the pragmas, ``BEGIN IMMEDIATE`` transactions (which
 also serialise lease taking), bodies stored as TEXT and ``PRAGMA data_version`` as the change token.
 """
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from flowkernel.errors import StoreError
-from flowkernel.store.sql import SCHEMA_VERSION, SqlStore, migrations, schema
+from flowkernel.store.sql.store import SCHEMA_VERSION, SqlStore, migrations, schema
 
 __all__ = ["SCHEMA", "SCHEMA_VERSION", "SqliteStore"]
 

@@ -5,7 +5,7 @@ Open it with ``--db postgresql://user:password@host:5432/database``; libpq's URL
 Every ``commit`` is one transaction; leases are taken under a row lock (``SELECT … FOR UPDATE``), so
 of two workers racing for one run exactly one wins. psycopg is imported when a store is opened, so
 ``flowkernel.store.open`` stays light for SQLite users. The statements and method bodies are shared
-with the SQLite store (``flowkernel.store.sql``); this module holds what is PostgreSQL's own.
+with the SQLite store (``flowkernel.store.sql.store``); this module holds what is PostgreSQL's own.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from flowkernel.errors import StoreError
-from flowkernel.store.sql import SCHEMA_VERSION, SqlStore, migrations, schema
+from flowkernel.store.sql.store import SCHEMA_VERSION, SqlStore, migrations, schema
 
 if TYPE_CHECKING:
     import psycopg
