@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import anyio
 import msgspec
-from flowkernel.agent_runs import AgentRunFold
 from flowkernel.committer import Committer
 from flowkernel.core.budgets import run_limit
 from flowkernel.core.commands import Command, CommandOutcome, judge_command, unstorable_at
@@ -56,6 +55,7 @@ from flowkernel.errors import (
 )
 from flowkernel.flowfiles.tree import first_unavailable
 from flowkernel.gc_pause import collector_paused
+from flowkernel.history.agent_runs import AgentRunFold
 from flowkernel.ids import new_run_id, now_ms
 from flowkernel.offload import limits_from_env
 from flowkernel.redaction import holds_secret, redact_bytes
@@ -68,8 +68,8 @@ from flowkernel.worker_defaults import DEFAULT_LEASE_S
 from msgspec.structs import replace
 
 if TYPE_CHECKING:
-    from flowkernel.history import Page
-    from flowkernel.summaries import RunSummary
+    from flowkernel.history.conversations import Page
+    from flowkernel.history.summaries import RunSummary
 from flowkernel.store.open import open_store
 
 LEASE_TTL_MS = int(DEFAULT_LEASE_S * 1000)
@@ -436,7 +436,7 @@ class Kernel:
 
     def summary(self, run_id: str) -> RunSummary:
         """The run's ``RunSummary``: status, times, and usage and cost with its child runs' added."""
-        from flowkernel.summaries import summaries
+        from flowkernel.history.summaries import summaries
 
         return summaries(self.store, [self.store.get_run(run_id)], self.interrupted)[0]
 
@@ -444,7 +444,7 @@ class Kernel:
         """``{run, snapshot, children, nodes}`` as ``show --json`` prints it: the run's summary and details,
         its snapshot (after event ``at``, or now), its child runs' summaries, and each node of the flow
         that snapshot follows with its type and whether it takes ``send`` messages."""
-        from flowkernel.summaries import detail_view, summaries
+        from flowkernel.history.summaries import detail_view, summaries
 
         record = self.store.get_run(run_id)
         snap = self.snapshot(run_id, at=at)
@@ -460,7 +460,7 @@ class Kernel:
                  before: int | None = None, limit: int = 50) -> tuple[list[RunSummary], int | None]:
         """A page of run summaries, newest first, and the key to pass as ``before`` for the next page
         (None at the end). Runs created meanwhile never shift a later page: keys only grow."""
-        from flowkernel.summaries import summaries
+        from flowkernel.history.summaries import summaries
 
         records, key = self.run_records(status=status, flow=flow, parent=parent, before=before, limit=limit)
         return summaries(self.store, records, self.interrupted), key
@@ -504,7 +504,7 @@ class Kernel:
                  session_id: str | None = None, after: int = 0, limit: int = 100, node_id: str | None = None) -> Page:
         """A page of stored agent messages (of a node run, a run or a session); pass
         ``nextCursor`` back as ``after`` for the next page."""
-        from flowkernel.history import list_messages
+        from flowkernel.history.conversations import list_messages
 
         return list_messages(self.store, run_id=run_id, flow_run_id=flow_run_id, session_id=session_id,
                              after=after, limit=limit, node_id=node_id)
@@ -513,7 +513,7 @@ class Kernel:
                    session_id: str | None = None, tool_name: str | None = None, status: str | None = None,
                    after: int = 0, limit: int = 100, node_id: str | None = None) -> Page:
         """A page of stored tool calls, filtered by tool name and status (``completed`` | ``error``)."""
-        from flowkernel.history import list_tool_calls
+        from flowkernel.history.conversations import list_tool_calls
 
         return list_tool_calls(self.store, run_id=run_id, flow_run_id=flow_run_id, session_id=session_id,
                                tool_name=tool_name, status=status, after=after, limit=limit, node_id=node_id)

@@ -42,8 +42,8 @@ from flowkernel.core.events import (
     decode,
 )
 from flowkernel.core.snapshot import RunSnapshot, undelivered_answer
+from flowkernel.history.summaries import RunSummary
 from flowkernel.store.base import RunRecord
-from flowkernel.summaries import RunSummary
 
 
 def cost_line(run: RunSummary) -> str:

@@ -21,7 +21,6 @@ import anyio.lowlevel
 import msgspec
 from anyio.abc import TaskGroup
 from flowkernel import telemetry
-from flowkernel.agent_runs import FOLDED, AgentRunFold
 from flowkernel.committer import Committer
 from flowkernel.context import NodeContext
 from flowkernel.core.budgets import has_budgets, over_budget, run_limit
@@ -61,6 +60,7 @@ from flowkernel.core.reducer import ALL, apply, own
 from flowkernel.core.scheduling import Decision, Progress, awake, decide
 from flowkernel.core.snapshot import InboxMessage, RunSnapshot
 from flowkernel.errors import FlowkernelError, LeaseLostError, NodeFailure, StoreError
+from flowkernel.history.agent_runs import FOLDED, AgentRunFold
 from flowkernel.ids import new_node_run_id
 from flowkernel.offload import CANCELLED, call_off_loop, expression_limits
 from flowkernel.redaction import holds_secret, redact_bytes

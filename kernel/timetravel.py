@@ -20,7 +20,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from flowkernel.agent_runs import fold_agent_runs
 from flowkernel.core.events import (
     AgentError,
     AgentStart,
@@ -43,6 +42,7 @@ from flowkernel.core.events import (
 from flowkernel.core.reducer import fold
 from flowkernel.core.snapshot import RunSnapshot
 from flowkernel.errors import InvalidInputError
+from flowkernel.history.agent_runs import fold_agent_runs
 from flowkernel.ids import new_run_id, now_ms
 from flowkernel.store.base import EventRow, RunRecord
 from flowkernel.store.checkpoint import encode_checkpoint

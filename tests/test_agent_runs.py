@@ -16,10 +16,10 @@ from typing import Any
 
 import anyio
 import pytest
-from flowkernel.agent_runs import fold_agent_runs
 from flowkernel.api import Kernel
 from flowkernel.core.commands import Command
 from flowkernel.core.events import AgentUsage
+from flowkernel.history.agent_runs import fold_agent_runs
 from flowkernel.store.base import AgentRun
 from flowkernel.testing.audit import audit_run
 from flowkernel.testing.fake_api import FakeAnthropic, Text, ToolUse, held, reply

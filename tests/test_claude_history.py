@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from flowkernel.errors import InvalidInputError
-from flowkernel.history import list_messages, list_tool_calls, render_conversation
+from flowkernel.history.conversations import list_messages, list_tool_calls, render_conversation
 from flowkernel.testing.fake_api import FakeAnthropic, Text, ToolUse, reply
 
 from tests.claude_support import agent_flow, make_kernel

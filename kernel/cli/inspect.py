@@ -74,7 +74,7 @@ def add_parsers(sub: Any) -> None:
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
-    from flowkernel.summaries import detail_view, summaries
+    from flowkernel.history.summaries import detail_view, summaries
 
     with opened(args, readonly=True) as kernel:
         # `running` lists the runs a process executes; `interrupted` the others (as the API's ?status=)

@@ -174,7 +174,7 @@ class InboxConsumed(BaseEvent, tag="inbox:consumed"):
     """A node run took its inbox messages (up to ``count``), so they are never delivered twice."""
 
     count: int
-    step: int | None = None  # an agent's: the step whose turn boundary took them (see flowkernel.lineage)
+    step: int | None = None  # an agent's: the step whose turn boundary took them (see flowkernel.history.lineage)
 
 
 # --- agents --------------------------------------------------------------------------------

@@ -97,7 +97,7 @@ class RunSnapshot(msgspec.Struct, kw_only=True, gc=False):
     parentRunId: str | None = None
     parentNodeRunId: str | None = None
     # What the run's own model calls used and cost (a fold of its ``agent:usage`` events); child
-    # runs keep their own, and ``flowkernel.summaries`` adds them up for the parent.
+    # runs keep their own, and ``flowkernel.history.summaries`` adds them up for the parent.
     usage: dict[str, int] = msgspec.field(default_factory=dict)
     totalCostUsd: float = 0.0
     # Budgets (DESIGN §12): each node's own cost in this run (its agent:usage events), the limits that

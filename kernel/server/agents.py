@@ -2,7 +2,7 @@
 of runs and of agent runs.
 
 An agent run is one node run of a ``claude.agent`` node: its id is the node run id (``nr_…``), the
-``runId`` of its stored messages and tool calls (``flowkernel.agent_runs`` says how its row is kept).
+``runId`` of its stored messages and tool calls (``flowkernel.history.agent_runs`` says how its row is kept).
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from typing import Annotated, Any
 
 import msgspec
 from fastapi import APIRouter, Path, Query, Request, Response
-from flowkernel.agent_runs import STATUSES
-from flowkernel.history import Page
+from flowkernel.history.agent_runs import STATUSES
+from flowkernel.history.conversations import Page
 from flowkernel.server.document import problems
 from flowkernel.server.pagination import (
     DEFAULT_LIMIT,

@@ -89,7 +89,7 @@ class WorkerRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
 
 class AgentRun(msgspec.Struct, kw_only=True):
     """One agent run: a node run of a ``claude.agent`` node, as the ``agent_runs`` table holds it
-    (DESIGN §10). A fold of its run's events (``flowkernel.agent_runs``), kept by the run's commits."""
+    (DESIGN §10). A fold of its run's events (``flowkernel.history.agent_runs``), kept by the run's commits."""
 
     agentRunId: str  # the node run id
     runId: str  # the run it belongs to

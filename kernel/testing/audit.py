@@ -10,10 +10,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from flowkernel.agent_runs import fold_agent_runs
 from flowkernel.core.compiler import CompiledFlow, compile_flow
 from flowkernel.core.events import FlowStart, decode
 from flowkernel.core.reducer import fold
+from flowkernel.history.agent_runs import fold_agent_runs
 from flowkernel.store.base import Store
 from flowkernel.store.checkpoint import load_checkpoint
 

@@ -34,7 +34,7 @@ from flowkernel.core.events import USAGE_KEYS, AgentComplete, AgentError, AgentS
 from flowkernel.core.jsonschemas import instance_errors
 from flowkernel.core.node import INTERRUPTED, Interrupted, KnownNames, WaitFor, unknown_name
 from flowkernel.errors import NodeFailure, PatternTimeoutError, Problem
-from flowkernel.lineage import Lineage, find_lineage
+from flowkernel.history.lineage import Lineage, find_lineage
 from flowkernel.nodes.claude import spans
 from flowkernel.nodes.claude.config import (
     INPUT_SCHEMA,

@@ -3,7 +3,7 @@
 A node run may be killed between any two of its writes: after ``agent:start`` and before the prompt
 row, between a tool call and its row, between the user message of a turn boundary and the
 ``inbox:consumed`` that marks its inbox messages taken, after the final answer and before
-``node:complete``. The node run that continues it (its *lineage*, ``flowkernel.lineage``) reads the
+``node:complete``. The node run that continues it (its *lineage*, ``flowkernel.history.lineage``) reads the
 stored rows and finishes each of those steps exactly once:
 
 - the *preamble* (system row, tool results closing a conversation a previous pass left mid-tool-call,
@@ -25,7 +25,7 @@ from typing import Any
 
 from flowkernel.context import NodeContext
 from flowkernel.core.events import AgentTool
-from flowkernel.lineage import Lineage
+from flowkernel.history.lineage import Lineage
 from flowkernel.nodes.claude.transcript import Transcript
 from flowkernel.tools import ASK_HUMAN, INTERRUPTED_RESULT, result_text
 

@@ -470,7 +470,7 @@ class SqlStore(SqlArchive, ABC):
     def _backfill_agent_runs(self, db: Any) -> None:
         """Called while migrating a database from before version 9, whose agent runs have no rows yet:
         fold them from the logs of the runs of flows with an agent node, once."""
-        from flowkernel.agent_runs import AGENT_NODE_TYPES, fold_stored
+        from flowkernel.history.agent_runs import AGENT_NODE_TYPES, fold_stored
 
         p = self.param
         for flow_hash, document in db.execute("SELECT hash, document FROM flows").fetchall():
