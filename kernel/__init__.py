@@ -24,6 +24,7 @@ _MOVED: dict[str, str] = {
     "flowkernel.reducer": "flowkernel.core.reducer",
     "flowkernel.state_ops": "flowkernel.core.state_ops",
     "flowkernel.store.postgres": "flowkernel.store.sql.postgres",
+    "flowkernel.tools": "flowkernel.agents.tools",
 }
 
 

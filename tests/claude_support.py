@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from flowkernel.agents.anthropic import AnthropicQuery
 from flowkernel.api import Kernel
 from flowkernel.core.events import Event
-from flowkernel.nodes.claude.query import AnthropicQuery
 from flowkernel.registry import Registry, default_registry
 from flowkernel.store.sql.sqlite import SqliteStore
 from flowkernel.testing.fake_api import FakeAnthropic

@@ -248,8 +248,8 @@ def _normalized(value: Any) -> Any:
 
 def _conversation(messages: Iterable[dict[str, Any]], resume_texts: set[str]) -> list[Any]:
     """Stored messages as (role, content), resume messages out, interrupted tool results marked."""
+    from flowkernel.agents.tools import INTERRUPTED_RESULT
     from flowkernel.fixtures.compare import without_texts
-    from flowkernel.tools import INTERRUPTED_RESULT
 
     out: list[Any] = []
     for m in without_texts({"messages": list(messages)}, resume_texts)["messages"]:
@@ -331,7 +331,7 @@ def outcome(db: Path, run_id: str) -> Outcome:
 
 
 def _interrupted() -> str:
-    from flowkernel.tools import INTERRUPTED_RESULT
+    from flowkernel.agents.tools import INTERRUPTED_RESULT
 
     return INTERRUPTED_RESULT
 

@@ -374,7 +374,7 @@ def test_cli_retry_of_a_failed_run_that_has_spent_its_budget_is_refused_as_resum
 # --- over HTTP: the same Kernel.resume, through the worker pool -----------------------------------
 
 def test_resume_over_http_takes_a_budget_and_the_pool_continues_the_run(tmp_path: Path, fake: FakeAnthropic) -> None:
-    from flowkernel.nodes.claude.query import AnthropicQuery
+    from flowkernel.agents.anthropic import AnthropicQuery
     from flowkernel.registry import default_registry
 
     from tests.server_support import pool_worker, serving, wait_for
@@ -412,7 +412,7 @@ def test_resume_over_http_takes_a_budget_and_the_pool_continues_the_run(tmp_path
 
 def test_retry_over_http_of_a_failed_run_that_has_spent_its_budget_is_refused_as_resume_is(
         tmp_path: Path, fake: FakeAnthropic) -> None:
-    from flowkernel.nodes.claude.query import AnthropicQuery
+    from flowkernel.agents.anthropic import AnthropicQuery
     from flowkernel.registry import default_registry
 
     from tests.server_support import pool_worker, serving, wait_for

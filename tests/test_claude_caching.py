@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from flowkernel.agents.tools import tool
 from flowkernel.fixtures import MockQuery, RecordingQuery
 from flowkernel.nodes.claude.caching import mark_cache_breakpoints
 from flowkernel.testing.fake_api import FakeAnthropic, PromptCache, Text, Thinking, ToolUse, reply
-from flowkernel.tools import tool
 
 from tests.claude_support import agent_flow, make_kernel
 

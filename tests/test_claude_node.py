@@ -12,6 +12,7 @@ from typing import Any
 
 import anyio
 import pytest
+from flowkernel.agents.tools import tool
 from flowkernel.core.events import (
     AgentComplete,
     AgentError,
@@ -32,7 +33,6 @@ from flowkernel.testing.fake_api import (
     reply,
     stream_error,
 )
-from flowkernel.tools import tool
 
 from tests.claude_support import agent_events, agent_flow, make_kernel, sent, stored_conversation, types
 

@@ -137,7 +137,7 @@ async def test_send_to_a_running_agent_arrives_at_the_next_turn_boundary(tmp_pat
 
 CHILD = """
 import sys, anyio
-from flowkernel.nodes.claude.query import AnthropicQuery
+from flowkernel.agents.anthropic import AnthropicQuery
 from flowkernel.api import Kernel
 from flowkernel.registry import default_registry
 from flowkernel.store.sql.sqlite import SqliteStore

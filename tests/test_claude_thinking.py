@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from flowkernel.agents.tools import tool
 from flowkernel.core.events import AgentThinkingDelta
 from flowkernel.errors import FlowValidationError
 from flowkernel.testing.fake_api import FakeAnthropic, Text, Thinking, ToolUse, reply
-from flowkernel.tools import tool
 
 from tests.claude_support import agent_events, agent_flow, make_kernel, stored_conversation
 

@@ -9,12 +9,12 @@ from typing import Any
 import anyio
 import pytest
 from flowkernel import registry as registry_module
+from flowkernel.agents.tools import Tool, as_tool, tool
 from flowkernel.api import Kernel
 from flowkernel.context import NodeContext
 from flowkernel.errors import InvalidInputError
 from flowkernel.registry import Registry, default_registry
 from flowkernel.store.memory import MemoryStore
-from flowkernel.tools import Tool, as_tool, tool
 
 
 @pytest.fixture
@@ -158,7 +158,7 @@ def test_register_node_type_every_form(where: str, fresh_default: Registry) -> N
     (lambda r: r.register_function(lambda x: x), "has no name of its own"),
     (lambda r: r.register_function("x")(42), "is not callable"),
     (lambda r: r.register_function("x", name="y"), "give the name once"),
-    (lambda r: r.register_tool("t", 42), "not a function or flowkernel.tools.Tool"),
+    (lambda r: r.register_tool("t", 42), "not a function or flowkernel.agents.tools.Tool"),
     (lambda r: r.register_node_type(object), "is not a node type"),
     (lambda r: r.register_node_type("x")(42), "cannot set its name"),
 ])

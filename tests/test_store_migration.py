@@ -219,7 +219,7 @@ def test_a_version_8_database_gets_the_agent_runs_of_its_logs(tmp_path: Path) ->
 
 def test_a_version_8_postgres_database_gets_the_agent_runs_of_its_logs(tmp_path: Path, pg_url: str) -> None:  # noqa: F811
     import psycopg
-    from flowkernel.nodes.claude.query import AnthropicQuery
+    from flowkernel.agents.anthropic import AnthropicQuery
     from flowkernel.store.sql.postgres import PostgresStore
     from flowkernel.testing.audit import audit_run
     from flowkernel.testing.fake_api import FakeAnthropic

@@ -22,9 +22,9 @@ from typing import Any
 
 import anyio
 import pytest
+from flowkernel.agents.tools import tool
 from flowkernel.telemetry import CAPTURE_CONTENT_ENV
 from flowkernel.testing.fake_api import FakeAnthropic, Text, ToolUse, reply
-from flowkernel.tools import tool
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import (
     BatchSpanProcessor,

@@ -32,11 +32,11 @@ def _say(text: str) -> None:
 
 
 def cmd_record(args: argparse.Namespace) -> int:
+    from flowkernel.agents.credentials import require_credentials
     from flowkernel.api import Kernel, parse_inputs
     from flowkernel.core.compiler import load_flow
     from flowkernel.core.events import BaseEvent
     from flowkernel.fixtures.record import record_flow
-    from flowkernel.nodes.claude.credentials import require_credentials
     from flowkernel.registry import default_registry
 
     require_credentials("record", fixtures=False)

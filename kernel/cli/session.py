@@ -179,7 +179,7 @@ def exit_for(snap: RunSnapshot, run_id: str, args: argparse.Namespace, kernel: K
     if snap.status == "failed":
         if any(fault.errorType == "authentication" for fault in snap.faults.values()):
             # Retried as it is, the model call fails again: the credentials (or fixtures) come first.
-            from flowkernel.nodes.claude.credentials import how_to_call
+            from flowkernel.agents.credentials import how_to_call
 
             print(f"flowkernel: run {run_id} failed: {snap.error}; {how_to_call(fixtures=False)} and re-run its "
                   f"failed nodes with: flowkernel retry {run_id}{again} (or serve them from recorded fixtures: "

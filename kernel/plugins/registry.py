@@ -202,7 +202,7 @@ class Registry:
     #   @registry.register_function("name")         def f(...)    under "name" (also name="name")
     #   registry.register_function(f)  /  registry.register_function("name", f)
     #
-    # and the same for register_tool (a function or a flowkernel.tools.Tool; description= too) and
+    # and the same for register_tool (a function or a flowkernel.agents.tools.Tool; description= too) and
     # register_node_type (a class or an instance; its ``name`` unless one is given). The decorator
     # forms return what they decorate, unchanged. add_function, add_tool and add_node_type are the
     # plain forms underneath, with every argument explicit.
@@ -240,7 +240,7 @@ class Registry:
                 own = getattr(entry, "name", None)
                 key = own if isinstance(own, str) and not callable(entry) else _own_name(entry, "tool")
             if description is not None:
-                from flowkernel.tools import as_tool, make_tool  # pydantic: only when asked for
+                from flowkernel.agents.tools import as_tool, make_tool  # pydantic: only when asked for
 
                 entry = make_tool(as_tool(key, entry).fn, name=key, description=description)
             self.add_tool(key, entry)
@@ -290,9 +290,9 @@ class Registry:
         self.functions[name] = fn
 
     def add_tool(self, name: str, tool: Any) -> None:
-        """Register a tool (a function or a ``flowkernel.tools.Tool``) under ``name``."""
+        """Register a tool (a function or a ``flowkernel.agents.tools.Tool``) under ``name``."""
         if not callable(tool) and not callable(getattr(tool, "definition", None)):
-            raise InvalidInputError(f"tool {name!r} is {type(tool).__name__}, not a function or flowkernel.tools.Tool")
+            raise InvalidInputError(f"tool {name!r} is {type(tool).__name__}, not a function or flowkernel.agents.tools.Tool")
         self.tools[name] = tool
 
     def copy(self) -> Registry:

@@ -268,7 +268,7 @@ def build_request(cfg: AgentConfig, messages: list[dict[str, Any]],
     """The Messages API request body for one model call (what a fixture's ``input`` records)."""
     import json
 
-    from flowkernel.tools import ASK_HUMAN, ASK_HUMAN_DEFINITION
+    from flowkernel.agents.tools import ASK_HUMAN, ASK_HUMAN_DEFINITION
 
     req: dict[str, Any] = {"model": cfg.model, "max_tokens": cfg.max_tokens, "messages": messages}
     system = cfg.system

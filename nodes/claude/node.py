@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
+from flowkernel.agents.query import ModelMessage, QueryFn
+from flowkernel.agents.tools import ASK_HUMAN, INTERRUPTED_RESULT, Tool, as_tool, result_text, truncate
 from flowkernel.context import NodeContext
 from flowkernel.core.events import USAGE_KEYS, AgentComplete, AgentError, AgentStart, AgentTool, AgentUsage
 from flowkernel.core.jsonschemas import instance_errors
@@ -47,8 +49,6 @@ from flowkernel.nodes.claude.config import (
 from flowkernel.nodes.claude.pricing import Price, cost_usd, find_price, price_table
 from flowkernel.nodes.claude.resume import Pickup
 from flowkernel.nodes.claude.transcript import Transcript
-from flowkernel.query import ModelMessage, QueryFn
-from flowkernel.tools import ASK_HUMAN, INTERRUPTED_RESULT, Tool, as_tool, result_text, truncate
 
 FINAL_STOPS = frozenset({"end_turn", "stop_sequence", "max_tokens", "refusal", None})
 
@@ -136,7 +136,7 @@ class ClaudeAgentNode:
         (no query function given) and no credentials are set."""
         if services.get("query_fn") is not None:
             return None
-        from flowkernel.nodes.claude.credentials import missing_credentials
+        from flowkernel.agents.credentials import missing_credentials
 
         return missing_credentials(who)
 
@@ -158,7 +158,7 @@ class ClaudeAgentNode:
         if given is not None:
             return given  # type: ignore[no-any-return]
         if self._default_query is None:
-            from flowkernel.nodes.claude.query import (
+            from flowkernel.agents.anthropic import (
                 AnthropicQuery,  # the SDK loads only when a model is called
             )
 

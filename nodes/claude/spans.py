@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from flowkernel import telemetry
-from flowkernel.query import ModelMessage
+from flowkernel.agents.query import ModelMessage
 
 PROVIDER = "anthropic"
 

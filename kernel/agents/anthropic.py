@@ -23,10 +23,10 @@ from typing import Any
 
 import anthropic
 import anyio
+from flowkernel.agents.credentials import has_key, how_to_call, missing_credentials, sdk_may_discover
+from flowkernel.agents.query import ModelMessage, QueryContext
 from flowkernel.core.events import AgentError, AgentTextDelta, AgentThinkingDelta, BaseEvent
 from flowkernel.errors import NodeFailure
-from flowkernel.nodes.claude.credentials import has_key, how_to_call, missing_credentials, sdk_may_discover
-from flowkernel.query import ModelMessage, QueryContext
 from flowkernel.redaction import register_secret
 
 

@@ -1,0 +1,1 @@
+"""What agent node types plug into: the model-call seam (the query-function Protocol, the default query, the Messages API query and its credentials), tools, and MCP next; no node type and no run shell here."""
