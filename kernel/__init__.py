@@ -22,6 +22,7 @@ _MOVED: dict[str, str] = {
     "flowkernel.nesting": "flowkernel.core.nesting",
     "flowkernel.node": "flowkernel.core.node",
     "flowkernel.reducer": "flowkernel.core.reducer",
+    "flowkernel.registry": "flowkernel.plugins.registry",
     "flowkernel.state_ops": "flowkernel.core.state_ops",
     "flowkernel.store.postgres": "flowkernel.store.sql.postgres",
     "flowkernel.tools": "flowkernel.agents.tools",

@@ -58,8 +58,8 @@ from flowkernel.gc_pause import collector_paused
 from flowkernel.history.agent_runs import AgentRunFold
 from flowkernel.ids import new_run_id, now_ms
 from flowkernel.offload import limits_from_env
+from flowkernel.plugins.registry import Registry, default_registry
 from flowkernel.redaction import holds_secret, redact_bytes
-from flowkernel.registry import Registry, default_registry
 from flowkernel.runner import COMMAND_POLL_S, EventListener, RunExecution
 from flowkernel.settings import RunSettings, check_fixtures, import_plugins
 from flowkernel.store.base import AgentRun, CreateRequest, EventRow, Lease, RunRecord, Store

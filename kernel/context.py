@@ -13,7 +13,7 @@ from flowkernel.errors import NodeFailure
 
 if TYPE_CHECKING:
     from flowkernel.core.compiler import CompiledFlow
-    from flowkernel.registry import Registry
+    from flowkernel.plugins.registry import Registry
     from flowkernel.store.base import Store
 
 

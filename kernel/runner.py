@@ -63,8 +63,8 @@ from flowkernel.errors import FlowkernelError, LeaseLostError, NodeFailure, Stor
 from flowkernel.history.agent_runs import FOLDED, AgentRunFold
 from flowkernel.ids import new_node_run_id
 from flowkernel.offload import CANCELLED, call_off_loop, expression_limits
+from flowkernel.plugins.registry import Registry
 from flowkernel.redaction import holds_secret, redact_bytes
-from flowkernel.registry import Registry
 from flowkernel.store.base import CommitRequest, EventRow, Lease, RunTotals, Store
 from flowkernel.store.checkpoint import encode_checkpoint
 from flowkernel.store.fenced import fenced

@@ -62,7 +62,7 @@ def check_fixtures(run_id: str, settings: RunSettings) -> None:
 def import_plugins(run_id: str, settings: RunSettings) -> None:
     """Import the run's plugin modules (each once per process); raise SettingUnavailableError naming
     one that does not import here."""
-    from flowkernel.registry import load_plugins
+    from flowkernel.plugins.registry import load_plugins
 
     if settings.plugins and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # as `--plugin` does: a project's own modules import

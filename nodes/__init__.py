@@ -1,4 +1,4 @@
-"""Built-in node types, imported on first use (see ``flowkernel.registry.LazyMap``)."""
+"""Built-in node types, imported on first use (see ``flowkernel.plugins.registry.LazyMap``)."""
 
 from __future__ import annotations
 

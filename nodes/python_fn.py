@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from flowkernel.core.node import KnownNames, bindable, unknown_name
 from flowkernel.errors import NodeFailure, Problem
-from flowkernel.registry import Blocking, takes_ctx
+from flowkernel.plugins.registry import Blocking, takes_ctx
 
 if TYPE_CHECKING:
     from flowkernel.context import NodeContext
@@ -19,7 +19,7 @@ class PythonNode:
     """Input ``{"function": "<registered name>", "args"?: {...}}``; outputs the function's return value.
 
     A function that takes a parameter named ``ctx`` receives the ``NodeContext`` (state, patches,
-    inbox). Plain functions run on the event loop, those marked ``flowkernel.registry.blocking`` in a worker
+    inbox). Plain functions run on the event loop, those marked ``flowkernel.plugins.registry.blocking`` in a worker
     thread: make I/O-bound functions ``async`` or mark them.
     """
 

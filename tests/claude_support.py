@@ -8,7 +8,7 @@ from typing import Any
 from flowkernel.agents.anthropic import AnthropicQuery
 from flowkernel.api import Kernel
 from flowkernel.core.events import Event
-from flowkernel.registry import Registry, default_registry
+from flowkernel.plugins.registry import Registry, default_registry
 from flowkernel.store.sql.sqlite import SqliteStore
 from flowkernel.testing.fake_api import FakeAnthropic
 

@@ -10,7 +10,7 @@ import anyio
 from flowkernel.api import Kernel
 from flowkernel.core.events import BaseEvent
 from flowkernel.core.snapshot import RunSnapshot
-from flowkernel.registry import Registry, default_registry
+from flowkernel.plugins.registry import Registry, default_registry
 from flowkernel.store.base import Store
 from flowkernel.store.memory import MemoryStore
 

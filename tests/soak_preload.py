@@ -9,7 +9,7 @@ import flowkernel.cli
 import flowkernel.fixtures
 import flowkernel.nodes.claude.node
 import flowkernel.runner  # noqa: F401
-from flowkernel.registry import default_registry, load_plugins
+from flowkernel.plugins.registry import default_registry, load_plugins
 
 from tests.soak import PLUGINS
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from flowkernel.context import NodeContext
 from flowkernel.errors import InvalidInputError
-from flowkernel.registry import Blocking, Registry, blocking, default_registry
+from flowkernel.plugins.registry import Blocking, Registry, blocking, default_registry
 from flowkernel.testing.harness import run_flow
 
 HOLD_S = 10.0  # how long the held function waits for its release before it gives up (and fails the run)

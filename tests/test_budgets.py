@@ -242,7 +242,7 @@ def test_the_budget_to_resume_with_is_judged_before_anything_is_recorded() -> No
     from flowkernel.core.compiler import compile_flow
     from flowkernel.core.events import FlowStart
     from flowkernel.core.reducer import initial_snapshot
-    from flowkernel.registry import default_registry
+    from flowkernel.plugins.registry import default_registry
 
     flow = compile_flow({"name": "f", "nodes": [{"id": "a", "type": "noop"}]}, default_registry().node_types)
     snap = initial_snapshot(flow, FlowStart(flowName="f", flowHash=flow.hash, seq=1, flowRunId="run_x"))
@@ -269,7 +269,7 @@ def test_cli_exits_3_on_a_budget_pause_and_its_hint_resumes_the_run_as_printed(
         tmp_path: Path, fake: FakeAnthropic, clean_env: dict[str, str]) -> None:
     tool_loop(fake)
     plugin = tmp_path / "echo_tools.py"
-    plugin.write_text("from flowkernel.registry import default_registry\n\n"
+    plugin.write_text("from flowkernel.plugins.registry import default_registry\n\n"
                       "default_registry().add_tool('echo', lambda text: text)\n")
     (tmp_path / "flow.json").write_text(json.dumps({"name": "budgeted", "budget": {"maxCostUsd": 0.5},
                                                     "nodes": [echo_agent()]}))
@@ -332,7 +332,7 @@ def spent_then_failed(budget: float | None = None) -> dict[str, Any]:
             "edges": [{"from": "agent", "to": "b"}]}
 
 
-BOOM_PLUGIN = ("from flowkernel.registry import default_registry\n\n"
+BOOM_PLUGIN = ("from flowkernel.plugins.registry import default_registry\n\n"
                "def boom():\n    raise RuntimeError('boom')\n\n"
                "default_registry().add_function('boom', boom)\n")
 
@@ -375,7 +375,7 @@ def test_cli_retry_of_a_failed_run_that_has_spent_its_budget_is_refused_as_resum
 
 def test_resume_over_http_takes_a_budget_and_the_pool_continues_the_run(tmp_path: Path, fake: FakeAnthropic) -> None:
     from flowkernel.agents.anthropic import AnthropicQuery
-    from flowkernel.registry import default_registry
+    from flowkernel.plugins.registry import default_registry
 
     from tests.server_support import pool_worker, serving, wait_for
     from tests.test_server import assert_problem
@@ -413,7 +413,7 @@ def test_resume_over_http_takes_a_budget_and_the_pool_continues_the_run(tmp_path
 def test_retry_over_http_of_a_failed_run_that_has_spent_its_budget_is_refused_as_resume_is(
         tmp_path: Path, fake: FakeAnthropic) -> None:
     from flowkernel.agents.anthropic import AnthropicQuery
-    from flowkernel.registry import default_registry
+    from flowkernel.plugins.registry import default_registry
 
     from tests.server_support import pool_worker, serving, wait_for
     from tests.test_server import assert_problem
@@ -456,7 +456,7 @@ def test_a_limit_is_reached_when_the_cost_equals_it_in_cents_whatever_the_float_
     from flowkernel.core.compiler import compile_flow
     from flowkernel.core.events import FlowStart
     from flowkernel.core.reducer import initial_snapshot
-    from flowkernel.registry import default_registry
+    from flowkernel.plugins.registry import default_registry
 
     flow = compile_flow({"name": "f", "budget": {"maxCostUsd": 0.3},
                          "nodes": [{"id": "a", "type": "noop", "policy": {"maxCostUsd": 0.2}}]},

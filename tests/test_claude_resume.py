@@ -139,7 +139,7 @@ CHILD = """
 import sys, anyio
 from flowkernel.agents.anthropic import AnthropicQuery
 from flowkernel.api import Kernel
-from flowkernel.registry import default_registry
+from flowkernel.plugins.registry import default_registry
 from flowkernel.store.sql.sqlite import SqliteStore
 
 db, base_url, run_id = sys.argv[1:4]
@@ -201,7 +201,7 @@ async def test_resume_past_the_cumulative_step_limit_is_refused_with_a_clear_err
 async def test_the_default_query_honours_anthropic_base_url_and_api_key(
         tmp_path: Path, fake: FakeAnthropic, monkeypatch: pytest.MonkeyPatch) -> None:
     from flowkernel.api import Kernel
-    from flowkernel.registry import default_registry
+    from flowkernel.plugins.registry import default_registry
     from flowkernel.store.sql.sqlite import SqliteStore
 
     monkeypatch.setenv("ANTHROPIC_BASE_URL", fake.base_url)

@@ -247,7 +247,7 @@ def test_a_run_whose_process_died_is_interrupted_not_running(how: int, tmp_path:
 
 def test_a_failed_python_node_keeps_its_traceback_for_show(tmp_path: Path, clean_env: dict[str, str]) -> None:
     (tmp_path / "brittle.py").write_text(
-        "from flowkernel.registry import register_function\n\n"
+        "from flowkernel.plugins.registry import register_function\n\n"
         "def parse(text):\n"
         "    return int(text)\n\n"
         "@register_function('flaky')\n"

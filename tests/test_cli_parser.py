@@ -97,7 +97,7 @@ def test_run_help_unknown_commands_and_global_options_behave_as_before(tmp_path:
     assert all(repr(command) in unknown.stderr for command in COMMANDS)
 
     (tmp_path / "shout_plugin.py").write_text(
-        "from flowkernel.registry import register_function\n\n"
+        "from flowkernel.plugins.registry import register_function\n\n"
         "@register_function('shout')\ndef shout(text: str) -> str:\n    return text.upper()\n")
     (tmp_path / "child").mkdir()
     (tmp_path / "child" / "child.json").write_text(

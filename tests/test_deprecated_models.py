@@ -16,7 +16,7 @@ import anthropic._data.deprecated_models as sdk_table
 import pytest
 from flowkernel.flowfiles.tree import node_warnings
 from flowkernel.nodes.claude import models
-from flowkernel.registry import default_registry
+from flowkernel.plugins.registry import default_registry
 
 SCRIPT = str(Path(sys.executable).with_name("flowkernel"))
 RETIRED = "claude-test-retired-1"

@@ -8,7 +8,7 @@ from pathlib import Path
 import anyio
 from flowkernel.api import Kernel
 from flowkernel.ids import new_run_id
-from flowkernel.registry import default_registry
+from flowkernel.plugins.registry import default_registry
 from flowkernel.server.feed import Feed
 from flowkernel.store.sql.sqlite import SqliteStore
 

@@ -50,7 +50,7 @@ def test_a_fixture_mismatch_names_the_node_and_the_differing_path(flowkernel: Fl
 
 
 def test_failures_forget_a_node_that_was_done_again(flowkernel: FlowTester, tmp_path: Path) -> None:
-    from flowkernel.registry import default_registry
+    from flowkernel.plugins.registry import default_registry
 
     registry = default_registry().copy()
     calls: list[int] = []

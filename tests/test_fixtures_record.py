@@ -27,7 +27,7 @@ def add(a: int, b: int) -> int:
 
 
 def kernel_with(query: object) -> Kernel:
-    from flowkernel.registry import default_registry
+    from flowkernel.plugins.registry import default_registry
 
     reg = default_registry().copy()
     reg.add_tool("add", add)
@@ -76,7 +76,7 @@ def test_assistant_messages_keep_their_calls_usage_in_sqlite(tmp_path: Path) -> 
     with FakeAnthropic() as fake:
         fake.script(reply(ToolUse("add", {"a": 1, "b": 1}), input_tokens=40, output_tokens=7, id="msg_a"),
                     reply(Text("2"), input_tokens=3, cache_read_input_tokens=40, output_tokens=2, id="msg_b"))
-        from flowkernel.registry import default_registry
+        from flowkernel.plugins.registry import default_registry
 
         reg = default_registry().copy()
         reg.add_tool("add", add)

@@ -22,7 +22,7 @@ from flowkernel.core.compiler import compile_flow, load_flow
 from flowkernel.errors import FlowFileError, FlowValidationError, RunInputError
 from flowkernel.fixtures import FixtureError, MockQuery
 from flowkernel.flowfiles.localfiles import ALLOW_DIRS_ENV
-from flowkernel.registry import default_registry
+from flowkernel.plugins.registry import default_registry
 from flowkernel.store.sql.sqlite import SqliteStore
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -18,7 +18,7 @@ import pytest
 from flowkernel.core.compiler import compile_flow
 from flowkernel.core.flow_update import incompatibilities
 from flowkernel.core.reducer import fold
-from flowkernel.registry import default_registry
+from flowkernel.plugins.registry import default_registry
 from flowkernel.store.sql.sqlite import SqliteStore
 from flowkernel.testing.audit import audit_store
 

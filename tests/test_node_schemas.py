@@ -15,7 +15,7 @@ from flowkernel.core.compiler import compile_flow
 from flowkernel.errors import FlowValidationError
 from flowkernel.nodes import BUILTIN_NODE_TYPES
 from flowkernel.nodes.claude.config import INPUT_SCHEMA, KEYS
-from flowkernel.registry import default_registry
+from flowkernel.plugins.registry import default_registry
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted([*(ROOT / "flows").glob("*.json"), *(ROOT / "tests" / "flows").glob("*.json")])

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from flowkernel.cli import parser
 
-PLUGIN = ("from flowkernel.registry import register_function\n\n"
+PLUGIN = ("from flowkernel.plugins.registry import register_function\n\n"
           "@register_function('excite')\n"
           "def excite(text: str) -> str:\n"
           "    return text + '!'\n")

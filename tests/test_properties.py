@@ -42,7 +42,7 @@ from flowkernel.core.events import (
 from flowkernel.core.reducer import apply, fold, initial_snapshot, own
 from flowkernel.core.scheduling import Progress, awake, decide, running_count
 from flowkernel.core.snapshot import ForEachState, RunSnapshot
-from flowkernel.registry import Registry, default_registry
+from flowkernel.plugins.registry import Registry, default_registry
 from flowkernel.store.checkpoint import load_checkpoint
 from flowkernel.store.memory import MemoryStore
 from flowkernel.store.sql.sqlite import SqliteStore

@@ -12,9 +12,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import flowkernel.registry
+import flowkernel.plugins.registry
 import pytest
-from flowkernel.registry import LazyMap, Registry
+from flowkernel.plugins.registry import LazyMap, Registry
 
 THREADS = 16
 
@@ -129,7 +129,7 @@ def test_names_an_entry_point_scan_adds_are_found_by_every_thread_that_asks_duri
 
         reg.add_node_type(Late)
 
-    monkeypatch.setattr(flowkernel.registry, "_load_entry_points", slow_scan)
+    monkeypatch.setattr(flowkernel.plugins.registry, "_load_entry_points", slow_scan)
     reg = Registry()
     counter = iter(range(THREADS))
     lock = threading.Lock()

@@ -25,7 +25,7 @@ from flowkernel.core.reducer import fold
 from flowkernel.errors import RunBusyError, UnknownRunError
 from flowkernel.fixtures import MockQuery
 from flowkernel.ids import now_ms
-from flowkernel.registry import default_registry
+from flowkernel.plugins.registry import default_registry
 from flowkernel.store.checkpoint import checkpoint_blobs
 from flowkernel.store.open import open_store
 from flowkernel.store.retention import export_runs, import_runs, prune

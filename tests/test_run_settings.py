@@ -112,7 +112,7 @@ def test_a_plugin_that_does_not_import_here_is_named_and_nothing_is_recorded(tmp
     project.mkdir()
     elsewhere.mkdir()
     (project / "myplug.py").write_text(
-        "from flowkernel.registry import register_function\n\n"
+        "from flowkernel.plugins.registry import register_function\n\n"
         "@register_function('excite')\n"
         "def excite(text: str) -> str:\n"
         "    return text + '!'\n")

@@ -18,7 +18,7 @@ import pytest
 from flowkernel.agents.tools import tool
 from flowkernel.core.events import AgentUsage
 from flowkernel.nodes.claude.pricing import DEFAULT_PRICES, cost_usd
-from flowkernel.registry import default_registry
+from flowkernel.plugins.registry import default_registry
 from flowkernel.testing.fake_api import FakeAnthropic, Text, ToolUse, reply
 
 from tests.claude_support import agent_flow, make_kernel

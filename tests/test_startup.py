@@ -19,7 +19,7 @@ import pytest
 from flowkernel.api import Kernel
 from flowkernel.core.compiler import compile_flow
 from flowkernel.gc_pause import collector_paused
-from flowkernel.registry import default_registry
+from flowkernel.plugins.registry import default_registry
 from flowkernel.store.sql.sqlite import SqliteStore
 
 CHAIN = {"name": "chain", "nodes": [{"id": f"n{i}", "type": "noop", "input": {"i": i}} for i in range(3)],
@@ -191,7 +191,7 @@ def test_a_resumed_run_reads_its_checkpoint_and_looks_over_its_whole_flow_once_b
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     import flowkernel.runner
     from flowkernel.core.commands import Command
-    from flowkernel.registry import default_registry
+    from flowkernel.plugins.registry import default_registry
 
     registry = default_registry().copy()
     document = {"name": "steps", "nodes": [{"id": f"n{i}", "type": "python", "input": {"function": "step",

@@ -127,7 +127,7 @@ def test_harness_runs_report_messages_and_tool_calls() -> None:
 
 def _research_registry() -> Any:
     from flowkernel.examples.research_tools import lookup_fact
-    from flowkernel.registry import default_registry
+    from flowkernel.plugins.registry import default_registry
 
     reg = default_registry().copy()
     reg.add_tool("lookup_fact", lookup_fact)

@@ -17,7 +17,7 @@ import pytest
 from flowkernel.errors import FlowValidationError
 from flowkernel.flowfiles import validated
 from flowkernel.flowfiles.validated import load_valid_flow
-from flowkernel.registry import Registry, default_registry
+from flowkernel.plugins.registry import Registry, default_registry
 
 PROBE = """
 import sys
@@ -118,7 +118,7 @@ def test_a_changed_flow_is_validated_again_and_its_problems_reported(tmp_path: P
 def test_a_flow_valid_only_with_a_plugin_node_type_is_refused_without_it(tmp_path: Path,
                                                                          cache_env: dict[str, str]) -> None:
     (tmp_path / "extra_nodes.py").write_text(
-        "from flowkernel.registry import register_node_type\n\n"
+        "from flowkernel.plugins.registry import register_node_type\n\n"
         "@register_node_type\nclass Echo:\n    name = 'echo'\n\n"
         "    async def run(self, ctx):\n        return ctx.input\n")
     flow = write(tmp_path / "echo.json", {"name": "e", "nodes": [{"id": "a", "type": "echo", "input": {}}], "edges": []})
@@ -131,7 +131,7 @@ def test_a_flow_valid_only_with_a_plugin_node_type_is_refused_without_it(tmp_pat
 def test_a_plugin_node_type_whose_check_now_refuses_the_flow_is_validated_again(tmp_path: Path,
                                                                                cache_env: dict[str, str]) -> None:
     plugin = tmp_path / "extra_nodes.py"
-    source = ("from flowkernel.registry import register_node_type\nfrom flowkernel.errors import Problem\n\n"
+    source = ("from flowkernel.plugins.registry import register_node_type\nfrom flowkernel.errors import Problem\n\n"
               "@register_node_type\nclass Echo:\n    name = 'echo'\n\n"
               "    def check(self, raw, path, problems):\n        CHECK\n\n"
               "    async def run(self, ctx):\n        return ctx.input\n")
@@ -148,7 +148,7 @@ def test_a_plugin_node_type_whose_check_now_refuses_the_flow_is_validated_again(
 
 def test_a_flow_whose_function_is_no_longer_registered_is_refused(tmp_path: Path, cache_env: dict[str, str]) -> None:
     (tmp_path / "extra_functions.py").write_text(
-        "from flowkernel.registry import register_function\n\n"
+        "from flowkernel.plugins.registry import register_function\n\n"
         "@register_function\ndef greet(name='x'):\n    return 'hi ' + name\n")
     flow = write(tmp_path / "py.json", {"name": "p", "nodes": [
         {"id": "a", "type": "python", "input": {"function": "greet"}}], "edges": []})

@@ -12,7 +12,7 @@ import pytest
 from flowkernel.core.compiler import compile_flow, load_flow
 from flowkernel.core.flow import json_schema
 from flowkernel.errors import FlowFileError, FlowValidationError
-from flowkernel.registry import default_registry
+from flowkernel.plugins.registry import default_registry
 
 ROOT = Path(__file__).resolve().parent.parent
 TYPES = default_registry().node_types

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from flowkernel.core.compiler import compile_flow, load_flow
 from flowkernel.errors import FlowkernelError, FlowValidationError
-from flowkernel.registry import default_registry
+from flowkernel.plugins.registry import default_registry
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from flowkernel.api import Kernel
-from flowkernel.registry import load_plugins
+from flowkernel.plugins.registry import load_plugins
 from flowkernel.settings import RunSettings
 from flowkernel.store.open import open_store
 
@@ -28,7 +28,7 @@ from tests.test_workers_cli import db_url, wait_for  # noqa: F401 (db_url is a f
 
 ROOT = Path(__file__).resolve().parent.parent
 PLUGIN = '''
-from flowkernel.registry import register_function
+from flowkernel.plugins.registry import register_function
 
 
 @register_function("elsewhere.shout")

@@ -176,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
 
     install_log_redaction()
     try:
-        from flowkernel.registry import default_registry, load_plugins
+        from flowkernel.plugins.registry import default_registry, load_plugins
 
         if args.allow_dir:  # through the environment: every kernel of this process reads it
             from flowkernel.flowfiles.localfiles import ALLOW_DIRS_ENV

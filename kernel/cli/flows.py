@@ -33,7 +33,7 @@ def add_parsers(sub: Any) -> None:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     from flowkernel.flowfiles.validated import check_flow_file
-    from flowkernel.registry import default_registry
+    from flowkernel.plugins.registry import default_registry
 
     flow = check_flow_file(args.flow, default_registry())
     from flowkernel.cli.wording import plural
@@ -53,7 +53,7 @@ def cmd_schema(args: argparse.Namespace) -> int:
     import json
 
     from flowkernel.core.flow import json_schema
-    from flowkernel.registry import default_registry
+    from flowkernel.plugins.registry import default_registry
 
     print(json.dumps(json_schema(default_registry().node_types), indent=2))
     return EXIT_OK
@@ -89,7 +89,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from flowkernel.api import parse_inputs
     from flowkernel.errors import RunInputError
     from flowkernel.flowfiles.validated import load_valid_flow
-    from flowkernel.registry import default_registry
+    from flowkernel.plugins.registry import default_registry
 
     # Everything about the input is checked before the store is touched. A queued run executes in a
     # worker, with the worker's plugins: its functions and tools are the worker's to know, not this

@@ -37,7 +37,7 @@ def cmd_record(args: argparse.Namespace) -> int:
     from flowkernel.core.compiler import load_flow
     from flowkernel.core.events import BaseEvent
     from flowkernel.fixtures.record import record_flow
-    from flowkernel.registry import default_registry
+    from flowkernel.plugins.registry import default_registry
 
     require_credentials("record", fixtures=False)
     # Everything about the flow and the input is checked before a model is called.

@@ -7,7 +7,7 @@ so this works from any folder) or ``FLOWKERNEL_PLUGINS=flowkernel.examples.resea
 from __future__ import annotations
 
 from flowkernel.agents.tools import tool
-from flowkernel.registry import register_tool
+from flowkernel.plugins.registry import register_tool
 
 FACTS = {
     "sqlite": "SQLite is an embedded, serverless SQL database; one file holds the whole database.",

@@ -53,7 +53,7 @@ from flowkernel.flowfiles.read import canonical_json, flow_hash, read_flow_docum
 
 if TYPE_CHECKING:
     from flowkernel.core.compiler import CompiledFlow
-    from flowkernel.registry import Registry
+    from flowkernel.plugins.registry import Registry
 
 CACHE_ENV = "FLOWKERNEL_CACHE_DIR"
 _FORMAT = b"flowkernel validation record 1"

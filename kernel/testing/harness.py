@@ -17,7 +17,7 @@ from flowkernel.api import Kernel
 from flowkernel.core.events import Event, NodeComplete, NodeError
 from flowkernel.core.snapshot import RunSnapshot
 from flowkernel.fixtures import MockQuery
-from flowkernel.registry import Registry, default_registry
+from flowkernel.plugins.registry import Registry, default_registry
 from flowkernel.store.base import Store
 from flowkernel.store.memory import MemoryStore
 

@@ -43,7 +43,7 @@ PLUGIN_SOURCE = '''
 import faulthandler
 
 import anyio
-from flowkernel.registry import register_function
+from flowkernel.plugins.registry import register_function
 
 
 @register_function("bench.tick")

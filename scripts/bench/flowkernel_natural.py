@@ -30,7 +30,7 @@ import measure
 from flowkernel.api import Kernel
 from flowkernel.core.compiler import CompiledFlow
 from flowkernel.core.snapshot import RunSnapshot
-from flowkernel.registry import Registry, default_registry
+from flowkernel.plugins.registry import Registry, default_registry
 from flowkernel.render import LiveView
 from flowkernel.store.sql.sqlite import SqliteStore
 from measure import CpuClock, Metrics, Stopwatch

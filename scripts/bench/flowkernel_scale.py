@@ -33,7 +33,7 @@ from flowkernel.api import Kernel
 from flowkernel.context import NodeContext
 from flowkernel.core.commands import Command
 from flowkernel.core.events import AgentTextDelta
-from flowkernel.registry import default_registry
+from flowkernel.plugins.registry import default_registry
 from flowkernel.store.memory import MemoryStore
 from flowkernel.store.sql.sqlite import SqliteStore
 from measure import CpuClock, Metrics, Stopwatch
@@ -233,7 +233,7 @@ def resume_first_line(nodes: int = 10_000) -> Metrics:
         finally:
             store.close()
         plugin = db.parent / "bench_resume_plugin.py"
-        plugin.write_text("from flowkernel.registry import register_function\n\n"
+        plugin.write_text("from flowkernel.plugins.registry import register_function\n\n"
                           "@register_function('append')\ndef append(i: int) -> None:\n    return None\n")
         env = {**os.environ, "PYTHONPATH": str(db.parent)}
         argv = [natural.cli(), "--plugin", "bench_resume_plugin", "resume", run_id, "--db", str(db)]

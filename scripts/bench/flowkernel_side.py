@@ -33,7 +33,7 @@ from flowkernel.api import Kernel
 from flowkernel.context import NodeContext
 from flowkernel.core.commands import Command
 from flowkernel.core.snapshot import RunSnapshot
-from flowkernel.registry import Registry, default_registry
+from flowkernel.plugins.registry import Registry, default_registry
 from flowkernel.store.sql.sqlite import SqliteStore
 from measure import Metrics, Stopwatch
 

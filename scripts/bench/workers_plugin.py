@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import anyio
-from flowkernel.registry import default_registry
+from flowkernel.plugins.registry import default_registry
 
 
 async def hold(seconds: float) -> str:

@@ -17,7 +17,7 @@ from typing import Any
 
 import anyio.lowlevel
 from flowkernel.context import NodeContext
-from flowkernel.registry import register_function
+from flowkernel.plugins.registry import register_function
 
 _calls = 0
 

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from flowkernel.context import NodeContext
-from flowkernel.registry import register_function, register_node_type
+from flowkernel.plugins.registry import register_function, register_node_type
 
 
 @register_function("shout")

@@ -9,7 +9,7 @@ from typing import Any
 import anyio
 from flowkernel.context import NodeContext
 from flowkernel.core.events import LoopIterate
-from flowkernel.registry import register_function, register_node_type
+from flowkernel.plugins.registry import register_function, register_node_type
 
 
 @register_function("faulty.exit")

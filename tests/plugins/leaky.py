@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from flowkernel.registry import register_tool
+from flowkernel.plugins.registry import register_tool
 
 
 @register_tool("status_page")

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-from flowkernel.registry import register_function
+from flowkernel.plugins.registry import register_function
 
 
 def digest(label: str, prev: Any) -> str:

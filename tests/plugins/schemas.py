@@ -6,7 +6,7 @@ from typing import Any
 
 from flowkernel.context import NodeContext
 from flowkernel.core.node import bindable
-from flowkernel.registry import register_node_type
+from flowkernel.plugins.registry import register_node_type
 
 
 @register_node_type

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from flowkernel.registry import register_function
+from flowkernel.plugins.registry import register_function
 
 
 @register_function("serving.unless_file")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import anyio
 from flowkernel.context import NodeContext
-from flowkernel.registry import register_function
+from flowkernel.plugins.registry import register_function
 
 
 @register_function("await_message")
