@@ -26,6 +26,7 @@ _MOVED: dict[str, str] = {
     "flowkernel.state_ops": "flowkernel.core.state_ops",
     "flowkernel.store.postgres": "flowkernel.store.sql.postgres",
     "flowkernel.tools": "flowkernel.agents.tools",
+    "flowkernel.worker": "flowkernel.workers.worker",
 }
 
 

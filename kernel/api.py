@@ -64,7 +64,7 @@ from flowkernel.runner import COMMAND_POLL_S, EventListener, RunExecution
 from flowkernel.settings import RunSettings, check_fixtures, import_plugins
 from flowkernel.store.base import AgentRun, CreateRequest, EventRow, Lease, RunRecord, Store
 from flowkernel.store.checkpoint import decode_checkpoint, encode_checkpoint
-from flowkernel.worker_defaults import DEFAULT_LEASE_S
+from flowkernel.workers.defaults import DEFAULT_LEASE_S
 from msgspec.structs import replace
 
 if TYPE_CHECKING:

@@ -20,7 +20,6 @@ import anyio
 import anyio.lowlevel
 import msgspec
 from anyio.abc import TaskGroup
-from flowkernel import telemetry
 from flowkernel.committer import Committer
 from flowkernel.context import NodeContext
 from flowkernel.core.budgets import has_budgets, over_budget, run_limit
@@ -69,6 +68,7 @@ from flowkernel.store.base import CommitRequest, EventRow, Lease, RunTotals, Sto
 from flowkernel.store.checkpoint import encode_checkpoint
 from flowkernel.store.fenced import fenced
 from flowkernel.store.packing import LEAF, PACKED_PREFIX, Packer
+from flowkernel.telemetry import traces as telemetry
 from msgspec.structs import replace
 
 # Called with each committed event. A listener with a ``batch(events)`` method gets the events of each
@@ -270,7 +270,7 @@ class RunExecution:
         """Append ``first`` (e.g. ``flow:resumed``), then run until the run stops.
 
         ``background`` tasks (command polling, lease renewal) live in the run's task group and are
-        cancelled when it stops. Traced (``flowkernel.telemetry``) as one ``invoke_workflow`` span.
+        cancelled when it stops. Traced (``flowkernel.telemetry.traces``) as one ``invoke_workflow`` span.
         """
         with telemetry.run_execution(self._services, self.store, self.flow.name, self.snap.runId) as span:
             snap = await self._execute(first, background)

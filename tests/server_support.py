@@ -15,7 +15,7 @@ import uvicorn
 from flowkernel.api import Kernel
 from flowkernel.server import ServerConfig, create_app
 from flowkernel.store.open import open_store
-from flowkernel.worker import Worker
+from flowkernel.workers.worker import Worker
 
 
 @dataclass
@@ -34,7 +34,7 @@ class Live:
 
 @contextmanager
 def pool_worker(db: str, concurrency: int = 2, **kernel_kw: Any) -> Iterator[Worker]:
-    """A ``flowkernel.worker.Worker`` (what ``serve --workers N`` runs) with its own kernel and event
+    """A ``flowkernel.workers.worker.Worker`` (what ``serve --workers N`` runs) with its own kernel and event
     loop in a thread; stopped (handing its runs over) on exit."""
     worker = Worker(Kernel(open_store(db), **kernel_kw), concurrency=concurrency, grace_s=5, poll_s=0.05)
     with anyio.from_thread.start_blocking_portal() as portal:

@@ -126,4 +126,4 @@ def test_each_default_is_defined_once() -> None:
                     if isinstance(leaf, ast.Name) and leaf.id.startswith("DEFAULT_"):
                         homes.setdefault(leaf.id, []).append(name)
     assert {k: v for k, v in homes.items() if len(v) > 1} == {}
-    assert homes["DEFAULT_GRACE_S"] == ["flowkernel.worker_defaults"]
+    assert homes["DEFAULT_GRACE_S"] == ["flowkernel.workers.defaults"]

@@ -23,7 +23,7 @@ from typing import Any
 import anyio
 import pytest
 from flowkernel.agents.tools import tool
-from flowkernel.telemetry import CAPTURE_CONTENT_ENV
+from flowkernel.telemetry.traces import CAPTURE_CONTENT_ENV
 from flowkernel.testing.fake_api import FakeAnthropic, Text, ToolUse, reply
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import (
@@ -350,7 +350,7 @@ def _outcome(db: Path) -> tuple[Any, list[tuple[str, str | None]]]:
 
 def test_the_flush_at_exit_leaves_when_its_bound_is_up_though_the_exporter_never_answers() -> None:
     # An exporter stuck in its retries must not hold the process at exit past FLUSH_AT_EXIT_MS.
-    from flowkernel import telemetry
+    from flowkernel.telemetry import traces as telemetry
 
     never = threading.Event()
 
@@ -423,7 +423,7 @@ def test_an_unreachable_endpoint_costs_one_line_and_at_most_a_second_at_exit(cle
 
 def test_exports_failing_while_a_process_works_are_logged_once_until_one_succeeds(
         caplog: pytest.LogCaptureFixture) -> None:
-    from flowkernel.telemetry import _Tally
+    from flowkernel.telemetry.traces import _Tally
 
     tally = _Tally("http://collector/v1/traces")
     with caplog.at_level("INFO", logger="flowkernel.telemetry"):

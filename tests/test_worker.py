@@ -20,7 +20,7 @@ from flowkernel.core.events import CommandReceived, FlowComplete, FlowStart
 from flowkernel.errors import CommandRejectedError, LeaseLostError, StoreError
 from flowkernel.store.base import Lease, RunRecord
 from flowkernel.store.sql.sqlite import SqliteStore
-from flowkernel.worker import Worker, live_workers
+from flowkernel.workers.worker import Worker, live_workers
 
 from tests.helpers import flow, py, registry, t
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from flowkernel.worker_defaults import DEFAULT_GRACE_S
+from flowkernel.workers.defaults import DEFAULT_GRACE_S
 
 
 def positive_int(text: str) -> int:

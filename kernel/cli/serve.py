@@ -77,7 +77,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.workers:
         # The workers are `flowkernel worker`'s own, with a kernel (and store connection) of their own:
         # to the API they are one more process executing runs.
-        from flowkernel.worker import Worker
+        from flowkernel.workers.worker import Worker
 
         services: dict[str, Any] = {}
         if args.fixtures:

@@ -10,7 +10,7 @@ from typing import Any
 
 from flowkernel.cli.arguments import add_executor_options, positive_float, positive_int
 from flowkernel.cli.session import EXIT_OK, add_db, add_json, run_async
-from flowkernel.worker_defaults import DEFAULT_CONCURRENCY, DEFAULT_LEASE_S
+from flowkernel.workers.defaults import DEFAULT_CONCURRENCY, DEFAULT_LEASE_S
 
 
 def add_parsers(sub: Any) -> None:
@@ -33,7 +33,7 @@ def add_parsers(sub: Any) -> None:
 def cmd_worker(args: argparse.Namespace) -> int:
     from flowkernel.api import Kernel
     from flowkernel.store.open import open_store
-    from flowkernel.worker import Worker
+    from flowkernel.workers.worker import Worker
 
     services: dict[str, Any] = {}
     if args.fixtures:
@@ -80,7 +80,7 @@ def cmd_workers(args: argparse.Namespace) -> int:
     import time
 
     from flowkernel.cli.session import opened
-    from flowkernel.worker import live_workers
+    from flowkernel.workers.worker import live_workers
 
     with opened(args) as kernel:
         workers = live_workers(kernel)

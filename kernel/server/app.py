@@ -2,7 +2,7 @@
 
 The routes are a face over ``flowkernel.api.Kernel``: what they may read and do is what the CLI
 may, through the same calls, so a command refused here is refused with the CLI's reason. The
-kernel given here serves requests only; runs are executed by workers (``flowkernel.worker``: those
+kernel given here serves requests only; runs are executed by workers (``flowkernel.workers.worker``: those
 of ``serve --workers N`` or ``flowkernel worker`` processes), each with its own kernel, so commands
 reach them through the store exactly as from another process.
 """

@@ -1,15 +1,15 @@
 """The Claude node's spans (DESIGN §12), with the OpenTelemetry GenAI attributes for Anthropic:
 ``invoke_agent {nodeId}`` for a node run, ``chat {model}`` per model call, ``execute_tool {tool}``
 per tool call. Message and tool content only with ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true``.
-While telemetry is off each of these is a null context manager (``flowkernel.telemetry``).
+While telemetry is off each of these is a null context manager (``flowkernel.telemetry.traces``).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from flowkernel import telemetry
 from flowkernel.agents.query import ModelMessage
+from flowkernel.telemetry import traces as telemetry
 
 PROVIDER = "anthropic"
 

@@ -39,7 +39,7 @@ from flowkernel.api import Kernel
 from flowkernel.core.commands import Command
 from flowkernel.core.events import FlowResumed, FlowStart
 from flowkernel.store.open import open_store
-from flowkernel.worker import live_workers
+from flowkernel.workers.worker import live_workers
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))

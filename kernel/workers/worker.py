@@ -43,7 +43,7 @@ from flowkernel.errors import FlowkernelError, LeaseLostError
 from flowkernel.ids import now_ms
 from flowkernel.runner import RunExecution
 from flowkernel.store.base import Claim, WorkerRecord
-from flowkernel.worker_defaults import DEFAULT_CONCURRENCY, DEFAULT_GRACE_S
+from flowkernel.workers.defaults import DEFAULT_CONCURRENCY, DEFAULT_GRACE_S
 
 # After the grace period, node types that stop at a step boundary (agents, flow.call) get this long
 # to finish the step they are in before everything left is cancelled.

@@ -1,5 +1,5 @@
 """A worker's defaults (DESIGN §11), one definition for every face of the worker pool:
-``flowkernel.worker.Worker``, ``flowkernel worker`` and ``flowkernel serve`` (whose in-process
+``flowkernel.workers.worker.Worker``, ``flowkernel worker`` and ``flowkernel serve`` (whose in-process
 workers are the same class). Kept apart from the worker itself, so that building the command line
 (``flowkernel --help``) does not import the runtime."""
 

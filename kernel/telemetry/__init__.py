@@ -1,0 +1,1 @@
+"""OpenTelemetry traces of runs and the logging set-up of the command line; never affects a run."""
