@@ -3,7 +3,7 @@
 An upstream that fails may echo the request it was sent, headers included (some proxies do), and the
 error's text becomes an ``agent:error``, a ``node:error``, the run's error, an agent run's error
 message, what ``show``, ``export``, the API and the web UI give back, and a log line. So every event
-is checked where it is appended (``flowkernel.runner`` and the commands recorded without an
+is checked where it is appended (``flowkernel.run.loop`` and the commands recorded without an
 executor), every agent message and tool call where it is stored, and every log record through
 ``RedactingFilter``; what looks like a credential is replaced by ``[REDACTED]`` before it is written:
 

@@ -10,8 +10,8 @@ from flowkernel.errors import ExpressionError, NodeFailure, Problem
 # What runs a node is imported when one runs: checking a flow that is known to be valid (the
 # validation cache) reads the node types but should not pay for the expression engine or msgspec.
 if TYPE_CHECKING:
-    from flowkernel.context import NodeContext
     from flowkernel.core.expressions import Expr
+    from flowkernel.run.node_context import NodeContext
 
 
 class NoopNode:
@@ -84,7 +84,7 @@ class TransformNode:
         try:
             if compiled.bounded:
                 return compiled.evaluate(context, variables)
-            from flowkernel.offload import evaluate_off_loop, expression_limits
+            from flowkernel.run.offload import evaluate_off_loop, expression_limits
 
             return await evaluate_off_loop(compiled, context, variables, expression_limits(ctx.services))
         except ExpressionError as exc:

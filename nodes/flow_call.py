@@ -6,15 +6,15 @@ import os
 from typing import TYPE_CHECKING, Any
 
 import anyio
-from flowkernel.context import NodeContext
 from flowkernel.core.events import FlowPaused, NodeStart
 from flowkernel.core.node import INTERRUPTED, Interrupted, WaitFor, bindable
 from flowkernel.errors import FlowkernelError, NodeFailure, Problem
 from flowkernel.flowfiles.localfiles import resolve_inside
+from flowkernel.run.node_context import NodeContext
 
 if TYPE_CHECKING:
-    from flowkernel.api import Kernel
     from flowkernel.core.snapshot import RunSnapshot
+    from flowkernel.run.kernel import Kernel
 
 DEFAULT_MAX_DEPTH = 8
 

@@ -12,7 +12,7 @@ from flowkernel.errors import NodeFailure, Problem
 from flowkernel.plugins.registry import Blocking, takes_ctx
 
 if TYPE_CHECKING:
-    from flowkernel.context import NodeContext
+    from flowkernel.run.node_context import NodeContext
 
 
 class PythonNode:

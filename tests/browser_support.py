@@ -26,9 +26,9 @@ from urllib.parse import urlsplit
 
 import anyio
 import httpx
-from flowkernel.api import Kernel
 from flowkernel.errors import RunBusyError
 from flowkernel.ids import new_run_id
+from flowkernel.run.kernel import Kernel
 from flowkernel.store.open import open_store
 
 ROOT = Path(__file__).resolve().parent.parent

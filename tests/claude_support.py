@@ -6,9 +6,9 @@ from pathlib import Path
 from typing import Any
 
 from flowkernel.agents.anthropic import AnthropicQuery
-from flowkernel.api import Kernel
 from flowkernel.core.events import Event
 from flowkernel.plugins.registry import Registry, default_registry
+from flowkernel.run.kernel import Kernel
 from flowkernel.store.sql.sqlite import SqliteStore
 from flowkernel.testing.fake_api import FakeAnthropic
 

@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from flowkernel.api import Kernel
 from flowkernel.core.events import Event
+from flowkernel.run.kernel import Kernel
 
 ROOT = Path(__file__).resolve().parent.parent
 KILLED = -signal.SIGKILL

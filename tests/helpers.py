@@ -7,10 +7,10 @@ import subprocess
 from typing import Any
 
 import anyio
-from flowkernel.api import Kernel
 from flowkernel.core.events import BaseEvent
 from flowkernel.core.snapshot import RunSnapshot
 from flowkernel.plugins.registry import Registry, default_registry
+from flowkernel.run.kernel import Kernel
 from flowkernel.store.base import Store
 from flowkernel.store.memory import MemoryStore
 

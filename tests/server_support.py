@@ -12,7 +12,7 @@ from typing import Any
 import anyio.from_thread
 import httpx
 import uvicorn
-from flowkernel.api import Kernel
+from flowkernel.run.kernel import Kernel
 from flowkernel.server import ServerConfig, create_app
 from flowkernel.store.open import open_store
 from flowkernel.workers.worker import Worker

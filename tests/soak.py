@@ -162,7 +162,7 @@ class Drive:
 
 
 def _read(db: Path, fn: Callable[[Any], Any]) -> Any:
-    from flowkernel.api import Kernel
+    from flowkernel.run.kernel import Kernel
 
     kernel = Kernel(str(db))
     try:

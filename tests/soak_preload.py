@@ -4,11 +4,11 @@ default registry every forked process inherits)."""
 
 from __future__ import annotations
 
-import flowkernel.api
 import flowkernel.cli
 import flowkernel.fixtures
 import flowkernel.nodes.claude.node
-import flowkernel.runner  # noqa: F401
+import flowkernel.run.kernel
+import flowkernel.run.loop  # noqa: F401
 from flowkernel.plugins.registry import default_registry, load_plugins
 
 from tests.soak import PLUGINS

@@ -16,14 +16,14 @@ from typing import Any
 
 import anyio
 import pytest
-from flowkernel.api import Kernel
 from flowkernel.core.commands import Command
 from flowkernel.core.events import AgentUsage
 from flowkernel.history.agent_runs import fold_agent_runs
+from flowkernel.run.kernel import Kernel
+from flowkernel.run.timetravel import create_fork
 from flowkernel.store.base import AgentRun
 from flowkernel.testing.audit import audit_run
 from flowkernel.testing.fake_api import FakeAnthropic, Text, ToolUse, held, reply
-from flowkernel.timetravel import create_fork
 
 from tests.claude_support import agent_flow, make_kernel
 

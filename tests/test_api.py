@@ -7,9 +7,9 @@ from typing import Any
 
 import anyio
 import pytest
-from flowkernel.api import Kernel
 from flowkernel.core.commands import Command
 from flowkernel.core.events import BaseEvent
+from flowkernel.run.kernel import Kernel
 from flowkernel.store.base import Lease
 from flowkernel.store.sql.sqlite import SqliteStore
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from flowkernel.api import Kernel
+from flowkernel.run.kernel import Kernel
 from flowkernel.server.docs_page import ASSETS
 from flowkernel.store.open import open_store
 

@@ -138,7 +138,7 @@ async def test_send_to_a_running_agent_arrives_at_the_next_turn_boundary(tmp_pat
 CHILD = """
 import sys, anyio
 from flowkernel.agents.anthropic import AnthropicQuery
-from flowkernel.api import Kernel
+from flowkernel.run.kernel import Kernel
 from flowkernel.plugins.registry import default_registry
 from flowkernel.store.sql.sqlite import SqliteStore
 
@@ -200,8 +200,8 @@ async def test_resume_past_the_cumulative_step_limit_is_refused_with_a_clear_err
 
 async def test_the_default_query_honours_anthropic_base_url_and_api_key(
         tmp_path: Path, fake: FakeAnthropic, monkeypatch: pytest.MonkeyPatch) -> None:
-    from flowkernel.api import Kernel
     from flowkernel.plugins.registry import default_registry
+    from flowkernel.run.kernel import Kernel
     from flowkernel.store.sql.sqlite import SqliteStore
 
     monkeypatch.setenv("ANTHROPIC_BASE_URL", fake.base_url)

@@ -27,7 +27,7 @@ def fake() -> Iterator[FakeAnthropic]:
 
 def problems_of(**node_input: Any) -> str:
     """Every problem validation reports for a one-node flow with this input, one per line."""
-    from flowkernel.api import Kernel
+    from flowkernel.run.kernel import Kernel
     from flowkernel.store.memory import MemoryStore
 
     try:

@@ -54,7 +54,7 @@ def test_a_reader_that_stops_early_gets_no_traceback(tmp_path: Path, clean_env: 
     # More output than a pipe holds (64 KiB), so the CLI is still writing when the reader goes away.
     script = (
         "import anyio, sys\n"
-        "from flowkernel.api import Kernel\n"
+        "from flowkernel.run.kernel import Kernel\n"
         "k = Kernel(sys.argv[1])\n"
         "one = k.compile({'name': 'one', 'nodes': [{'id': 'a', 'type': 'noop', 'input': {}}], 'edges': []})\n"
         "for _ in range(800):\n"

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from flowkernel.api import Kernel
+from flowkernel.run.kernel import Kernel
 from flowkernel.store.open import open_store
 
 from tests.test_postgres import needs_pg, pg_url  # noqa: F401 (pg_url is a fixture)

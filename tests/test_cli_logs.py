@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import httpx
-from flowkernel.api import Kernel
+from flowkernel.run.kernel import Kernel
 
 import tests.plugins.waiters  # noqa: F401 (its functions, known here too: queuing a flow validates it)
 

@@ -7,11 +7,11 @@ from typing import Any
 
 import anyio
 import pytest
-from flowkernel.api import Kernel
 from flowkernel.core.commands import Command
 from flowkernel.core.events import CommandReceived, FlowPaused, FlowResumed, NodeStart, NodeWaiting
 from flowkernel.errors import CommandRejectedError
 from flowkernel.plugins.registry import default_registry
+from flowkernel.run.kernel import Kernel
 from flowkernel.store.sql.sqlite import SqliteStore
 
 import tests.plugins.waiters  # noqa: F401  (registers the functions)

@@ -164,7 +164,7 @@ def test_two_racing_resumers_exactly_one_executes(attempt: int, tmp_path: Path, 
     # A stored run that no process executes (as after a crash): both racers try to take it over.
     code = (
         "import anyio, json, sys\n"
-        "from flowkernel.api import Kernel\n"
+        "from flowkernel.run.kernel import Kernel\n"
         "import tests.plugins.waiters\n"
         "k = Kernel(sys.argv[1])\n"
         "f = k.load_flow(sys.argv[2])\n"

@@ -13,11 +13,11 @@ from typing import IO, Any
 
 import anyio
 import pytest
-from flowkernel.api import Kernel
 from flowkernel.core.commands import PREVIEW_CHARS, Command
 from flowkernel.core.events import CommandReceived
 from flowkernel.core.node import WaitFor
 from flowkernel.errors import CommandRejectedError
+from flowkernel.run.kernel import Kernel
 from flowkernel.store.sql.sqlite import SqliteStore
 
 import tests.plugins.waiters  # noqa: F401  (registers the functions)

@@ -16,13 +16,13 @@ from typing import Any
 import anyio
 import pytest
 from flowkernel.agents.tools import as_tool
-from flowkernel.api import Kernel
 from flowkernel.core.commands import Command
 from flowkernel.core.compiler import compile_flow
 from flowkernel.core.events import BaseEvent
 from flowkernel.errors import FlowValidationError
 from flowkernel.plugins import registry as registry_module
 from flowkernel.plugins.registry import Blocking, Registry, default_registry
+from flowkernel.run.kernel import Kernel
 from flowkernel.store.memory import MemoryStore
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -114,7 +114,7 @@ def test_fixtures_flag_with_a_missing_directory_is_invalid_input(env: dict[str, 
 
 
 def test_help_does_not_import_the_runtime() -> None:
-    code = "import sys; from kernel import cli; print('flowkernel.api' in sys.modules, 'anthropic' in sys.modules)"
+    code = "import sys; from kernel import cli; print('flowkernel.run.kernel' in sys.modules, 'anthropic' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert out.stdout.strip() == "False False"

@@ -14,12 +14,12 @@ from typing import IO, Any
 
 import anyio
 import pytest
-from flowkernel.api import Kernel
 from flowkernel.core.commands import Command
 from flowkernel.core.expression_bounds import ExpressionLimits
 from flowkernel.core.expressions import Expr
 from flowkernel.errors import ExpressionLimitError, InvalidInputError
-from flowkernel.offload import limits_from_env
+from flowkernel.run.kernel import Kernel
+from flowkernel.run.offload import limits_from_env
 from flowkernel.store.memory import MemoryStore
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 
 import anyio
-from flowkernel.api import Kernel
 from flowkernel.core.expression_bounds import ExpressionLimits
+from flowkernel.run.kernel import Kernel
 from flowkernel.store.memory import MemoryStore
 
 from tests.test_expression_bounds import events_until, fk, spawn, write_flow

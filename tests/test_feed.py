@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import anyio
-from flowkernel.api import Kernel
 from flowkernel.ids import new_run_id
 from flowkernel.plugins.registry import default_registry
+from flowkernel.run.kernel import Kernel
 from flowkernel.server.feed import Feed
 from flowkernel.store.sql.sqlite import SqliteStore
 

@@ -9,7 +9,6 @@ from typing import Any
 
 import anyio
 import pytest
-from flowkernel.api import Kernel
 from flowkernel.core.events import NodeError
 from flowkernel.errors import FlowkernelError
 from flowkernel.fixtures import (
@@ -21,6 +20,7 @@ from flowkernel.fixtures import (
     write_fixtures,
 )
 from flowkernel.nodes.claude.config import DEFAULT_MAX_TOKENS
+from flowkernel.run.kernel import Kernel
 from flowkernel.store.memory import MemoryStore
 from flowkernel.testing.harness import FlowResult, assert_event_sequence, run_flow
 

@@ -7,11 +7,11 @@ from pathlib import Path
 import anyio
 from flowkernel.agents.anthropic import AnthropicQuery
 from flowkernel.agents.tools import tool
-from flowkernel.api import Kernel
 from flowkernel.fixtures import MockQuery, RecordingQuery, fixtures_from_run, write_fixtures
+from flowkernel.run.kernel import Kernel
+from flowkernel.run.timetravel import comparable
 from flowkernel.store.memory import MemoryStore
 from flowkernel.testing.fake_api import FakeAnthropic, Text, Thinking, ToolUse, reply
-from flowkernel.timetravel import comparable
 
 FLOW = {"name": "rt", "nodes": [
     {"id": "ask", "type": "claude.agent", "input": {"prompt": "Add 2 and 3, then explain.", "tools": ["add"],

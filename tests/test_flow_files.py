@@ -17,12 +17,12 @@ from typing import Any
 
 import anyio
 import pytest
-from flowkernel.api import Kernel
 from flowkernel.core.compiler import compile_flow, load_flow
 from flowkernel.errors import FlowFileError, FlowValidationError, RunInputError
 from flowkernel.fixtures import FixtureError, MockQuery
 from flowkernel.flowfiles.localfiles import ALLOW_DIRS_ENV
 from flowkernel.plugins.registry import default_registry
+from flowkernel.run.kernel import Kernel
 from flowkernel.store.sql.sqlite import SqliteStore
 
 ROOT = Path(__file__).resolve().parent.parent

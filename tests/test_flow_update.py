@@ -231,8 +231,8 @@ def test_replaying_a_run_through_an_update_gives_its_snapshot_at_every_seq(tmp_p
 
 def test_a_fork_after_the_update_follows_the_new_flow_and_one_before_it_the_old(tmp_path: Path) -> None:
     import anyio
-    from flowkernel.api import Kernel
-    from flowkernel.timetravel import create_fork
+    from flowkernel.run.kernel import Kernel
+    from flowkernel.run.timetravel import create_fork
 
     store = SqliteStore(tmp_path / "runs.db")
     kernel = Kernel(store, registry=registry())
@@ -298,7 +298,7 @@ def test_an_exported_updated_run_imports_with_every_flow_it_followed(tmp_path: P
     import io
 
     import anyio
-    from flowkernel.api import Kernel
+    from flowkernel.run.kernel import Kernel
     from flowkernel.store.retention import export_runs, import_runs
 
     source = SqliteStore(tmp_path / "source.db")

@@ -9,8 +9,8 @@ from typing import Any
 
 import anyio
 import pytest
-from flowkernel.api import Kernel
 from flowkernel.errors import LeaseLostError, StoreError
+from flowkernel.run.kernel import Kernel
 from flowkernel.store.base import CommitRequest, CreateRequest, Store
 from flowkernel.store.memory import MemoryStore
 from flowkernel.store.sql.sqlite import SqliteStore

@@ -125,7 +125,7 @@ def test_a_worker_marks_a_run_its_kernel_failed_on_as_failed_and_goes_on(tmp_pat
                                                                           clean_env: dict[str, str]) -> None:
     import time
 
-    from flowkernel.api import Kernel
+    from flowkernel.run.kernel import Kernel
     from flowkernel.store.open import open_store
 
     import tests.plugins.faulty  # noqa: F401 (registers faulty.event for this process's Kernel.compile)

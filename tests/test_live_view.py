@@ -9,7 +9,6 @@ from typing import Any
 
 import anyio
 import msgspec
-from flowkernel.api import Kernel
 from flowkernel.core.events import (
     AgentTextDelta,
     CommandReceived,
@@ -23,6 +22,7 @@ from flowkernel.core.events import (
     encode,
 )
 from flowkernel.render import LiveView, preview
+from flowkernel.run.kernel import Kernel
 from flowkernel.store.memory import MemoryStore
 from hypothesis import given, settings
 from hypothesis import strategies as st

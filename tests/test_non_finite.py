@@ -17,10 +17,10 @@ from typing import Any
 
 import anyio
 import pytest
-from flowkernel.api import Kernel
 from flowkernel.core.events import NodeError
 from flowkernel.core.nonfinite import find_non_finite, loads_strict
 from flowkernel.errors import RunInputError
+from flowkernel.run.kernel import Kernel
 from flowkernel.store.memory import MemoryStore
 
 from tests.helpers import flow, py, registry, run_flow

@@ -24,7 +24,7 @@ import anyio
 import httpx
 import jsonschema
 import pytest
-from flowkernel.api import Kernel
+from flowkernel.run.kernel import Kernel
 from flowkernel.server import ServerConfig
 from flowkernel.store.open import open_store
 

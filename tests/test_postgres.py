@@ -22,8 +22,8 @@ from pathlib import Path
 
 import anyio
 import pytest
-from flowkernel.api import Kernel
 from flowkernel.errors import StoreError, UnknownRunError
+from flowkernel.run.kernel import Kernel
 from flowkernel.store.base import Lease, RunRecord, Store
 from flowkernel.store.sql.sqlite import SqliteStore
 from flowkernel.testing.audit import audit_store

@@ -23,7 +23,6 @@ from typing import Any
 import anyio
 import msgspec
 import pytest
-from flowkernel.api import Kernel
 from flowkernel.core.compiler import CompiledFlow, compile_flow
 from flowkernel.core.events import (
     BaseEvent,
@@ -43,6 +42,7 @@ from flowkernel.core.reducer import apply, fold, initial_snapshot, own
 from flowkernel.core.scheduling import Progress, awake, decide, running_count
 from flowkernel.core.snapshot import ForEachState, RunSnapshot
 from flowkernel.plugins.registry import Registry, default_registry
+from flowkernel.run.kernel import Kernel
 from flowkernel.store.checkpoint import load_checkpoint
 from flowkernel.store.memory import MemoryStore
 from flowkernel.store.sql.sqlite import SqliteStore

@@ -49,7 +49,7 @@ def test_a_broken_entry_point_is_skipped_with_a_message(monkeypatch: pytest.Monk
 
 def test_importing_the_api_and_resuming_needs_neither_the_sdk_nor_validation_libraries() -> None:
     # importlib.metadata too: entry points are scanned only when a lookup misses the built-ins.
-    code = ("import sys, flowkernel.api, flowkernel.store.sql.sqlite, flowkernel.cli\n"
+    code = ("import sys, flowkernel.run.kernel, flowkernel.store.sql.sqlite, flowkernel.cli\n"
             "heavy = [m for m in ('anthropic', 'networkx', 'pydantic', 'jsonschema', 'importlib.metadata')\n"
             "         if m in sys.modules]\n"
             "print(','.join(heavy))")

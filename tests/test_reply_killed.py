@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from flowkernel.api import Kernel
+from flowkernel.run.kernel import Kernel
 
 from tests.crash_support import EXAMPLES, FIXTURES, KILLED, conversation, flowkernel
 from tests.server_support import serving

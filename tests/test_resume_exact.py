@@ -18,8 +18,8 @@ from typing import Any
 import anyio
 import pytest
 from flowkernel.agents.tools import INTERRUPTED_RESULT
-from flowkernel.api import Kernel
 from flowkernel.core.events import AgentTool, StatePatch
+from flowkernel.run.kernel import Kernel
 
 from tests.crash_support import (
     EXAMPLES,

@@ -19,18 +19,18 @@ from typing import Any
 
 import anyio
 import pytest
-from flowkernel.api import Kernel
 from flowkernel.core.commands import Command
 from flowkernel.core.reducer import fold
 from flowkernel.errors import RunBusyError, UnknownRunError
 from flowkernel.fixtures import MockQuery
 from flowkernel.ids import now_ms
 from flowkernel.plugins.registry import default_registry
+from flowkernel.run.kernel import Kernel
+from flowkernel.run.timetravel import rerun
 from flowkernel.store.checkpoint import checkpoint_blobs
 from flowkernel.store.open import open_store
 from flowkernel.store.retention import export_runs, import_runs, prune
 from flowkernel.store.sql.store import SqlStore
-from flowkernel.timetravel import rerun
 
 from tests.test_postgres import needs_pg, pg_url  # noqa: F401 (pg_url is a fixture)
 

@@ -9,7 +9,6 @@ from typing import Any
 import anyio
 import msgspec
 import pytest
-from flowkernel.context import NodeContext
 from flowkernel.core.events import (
     EdgeFire,
     FlowComplete,
@@ -22,6 +21,7 @@ from flowkernel.core.events import (
 from flowkernel.core.reducer import fold
 from flowkernel.core.state_ops import apply_patch
 from flowkernel.errors import FlowValidationError
+from flowkernel.run.node_context import NodeContext
 
 from tests.helpers import flow, py, registry, run_flow, started, t
 

@@ -17,13 +17,13 @@ import anyio
 import httpx
 import pytest
 import regex
-from flowkernel.api import Kernel
 from flowkernel.core import bounded_regex
 from flowkernel.core.commands import Command
 from flowkernel.core.expression_bounds import ExpressionLimits
 from flowkernel.core.expression_scope import EvaluationCancelled, Scope, set_scope
 from flowkernel.core.jsonschemas import instance_errors
 from flowkernel.errors import CommandRejectedError, PatternTimeoutError
+from flowkernel.run.kernel import Kernel
 from flowkernel.store.memory import MemoryStore
 from flowkernel.testing.fake_api import FakeAnthropic, Text, reply
 

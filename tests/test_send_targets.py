@@ -13,10 +13,10 @@ from typing import Any
 
 import anyio
 import pytest
-from flowkernel.api import Kernel
 from flowkernel.core.commands import Command
 from flowkernel.errors import CommandRejectedError
 from flowkernel.plugins.registry import default_registry
+from flowkernel.run.kernel import Kernel
 from flowkernel.store.open import open_store
 
 import tests.plugins.waiters  # noqa: F401  (registers await_message and wait_for_file)

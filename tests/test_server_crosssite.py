@@ -12,7 +12,7 @@ from typing import Any
 import anyio
 import httpx
 import pytest
-from flowkernel.api import Kernel
+from flowkernel.run.kernel import Kernel
 from flowkernel.server.crosssite import cors_origin
 from flowkernel.store.open import open_store
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import anyio
 import httpx
 import pytest
-from flowkernel.api import Kernel
+from flowkernel.run.kernel import Kernel
 from flowkernel.server import ServerConfig
 from flowkernel.store.open import open_store
 

@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import flowkernel.api
+import flowkernel.run.kernel
 import pytest
-from flowkernel.api import Kernel
 from flowkernel.core.compiler import compile_flow
-from flowkernel.gc_pause import collector_paused
 from flowkernel.plugins.registry import default_registry
+from flowkernel.run.gc_pause import collector_paused
+from flowkernel.run.kernel import Kernel
 from flowkernel.store.sql.sqlite import SqliteStore
 
 CHAIN = {"name": "chain", "nodes": [{"id": f"n{i}", "type": "noop", "input": {"i": i}} for i in range(3)],
@@ -77,7 +77,7 @@ def test_loading_a_stored_run_compiles_its_flow_and_reads_its_checkpoint_with_th
     finally:
         store.close()
     enabled: dict[str, list[bool]] = {"compile": [], "checkpoint": []}
-    compile_flow, decode_checkpoint = flowkernel.api.compile_flow, flowkernel.api.decode_checkpoint
+    compile_flow, decode_checkpoint = flowkernel.run.kernel.compile_flow, flowkernel.run.kernel.decode_checkpoint
 
     def compiling(*args: Any, **kwargs: Any) -> Any:
         enabled["compile"].append(gc.isenabled())
@@ -87,8 +87,8 @@ def test_loading_a_stored_run_compiles_its_flow_and_reads_its_checkpoint_with_th
         enabled["checkpoint"].append(gc.isenabled())
         return decode_checkpoint(*args, **kwargs)
 
-    monkeypatch.setattr(flowkernel.api, "compile_flow", compiling)
-    monkeypatch.setattr(flowkernel.api, "decode_checkpoint", loading)
+    monkeypatch.setattr(flowkernel.run.kernel, "compile_flow", compiling)
+    monkeypatch.setattr(flowkernel.run.kernel, "decode_checkpoint", loading)
     store = SqliteStore(db)
     try:
         fresh = Kernel(store)  # nothing compiled yet in this kernel: the stored flow is
@@ -160,8 +160,8 @@ def test_running_a_flow_builds_no_dataclass_of_the_run_shell(tmp_path: Path, cle
     assert done.returncode == 0, done.stderr
     made = done.stderr.rsplit("MADE=", 1)[-1].strip().split(",")
     # (flowkernel.core.node's stay dataclasses: `validate` of a flow known to be valid imports it, and not msgspec.)
-    shell = ("flowkernel.runner.", "flowkernel.core.scheduling.", "flowkernel.core.compiler.", "flowkernel.core.commands.",
-             "flowkernel.api.", "flowkernel.core.expression_scope.")
+    shell = ("flowkernel.run.loop.", "flowkernel.core.scheduling.", "flowkernel.core.compiler.", "flowkernel.core.commands.",
+             "flowkernel.run.kernel.", "flowkernel.core.expression_scope.")
     assert [m for m in made if m.startswith(shell)] == []
 
 
@@ -189,7 +189,7 @@ def test_bare_nodes_and_edges_compile_to_the_graph_the_same_flow_spelled_out_in_
 
 def test_a_resumed_run_reads_its_checkpoint_and_looks_over_its_whole_flow_once_before_it_goes_on(tmp_path: Path,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    import flowkernel.runner
+    import flowkernel.run.loop
     from flowkernel.core.commands import Command
     from flowkernel.plugins.registry import default_registry
 
@@ -211,13 +211,13 @@ def test_a_resumed_run_reads_its_checkpoint_and_looks_over_its_whole_flow_once_b
         run_id = kernel.create_run(kernel.compile(document), {})
         assert anyio.run(kernel.execute, run_id).status == "paused"
         looked: list[int] = []
-        awake = flowkernel.runner.awake
+        awake = flowkernel.run.loop.awake
 
         def counted(flow: Any, snap: Any) -> set[str]:
             looked.append(snap.seq)
             return awake(flow, snap)
 
-        monkeypatch.setattr(flowkernel.runner, "awake", counted)
+        monkeypatch.setattr(flowkernel.run.loop, "awake", counted)
         reads: list[str] = []
         read_checkpoint = store.read_checkpoint
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-from flowkernel.api import Kernel
+from flowkernel.run.kernel import Kernel
 from flowkernel.store.memory import MemoryStore
 from flowkernel.store.sql.sqlite import SqliteStore
 from flowkernel.store.sql.store import SCHEMA_VERSION

@@ -12,7 +12,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import anyio
-from flowkernel.api import Kernel
+from flowkernel.run.kernel import Kernel
 
 from tests.server_support import Live, serving
 

@@ -227,7 +227,7 @@ def test_off_by_default_nothing_of_opentelemetry_is_imported(clean_env: dict[str
     env = {k: v for k, v in clean_env.items() if not k.startswith("OTEL_")}
     done = _python(
         "import sys, anyio\n"
-        "from flowkernel.api import Kernel\n"
+        "from flowkernel.run.kernel import Kernel\n"
         "from flowkernel.store.memory import MemoryStore\n"
         "k = Kernel(MemoryStore())\n"
         "snap = anyio.run(k.run, k.load_flow('flows/hello.json'), {'name': 'Ada'})\n"
@@ -246,7 +246,7 @@ def test_the_tracer_provider_an_embedding_program_set_gets_the_spans(clean_env: 
         "from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter\n"
         "exporter = InMemorySpanExporter(); provider = TracerProvider()\n"
         "provider.add_span_processor(SimpleSpanProcessor(exporter)); trace.set_tracer_provider(provider)\n"
-        "from flowkernel.api import Kernel\n"
+        "from flowkernel.run.kernel import Kernel\n"
         "from flowkernel.store.memory import MemoryStore\n"
         "k = Kernel(MemoryStore())\n"
         "tracer = trace.get_tracer('app')\n"
@@ -333,7 +333,7 @@ def test_an_unreachable_otlp_endpoint_changes_nothing_about_the_run(clean_env: d
 
 def _outcome(db: Path) -> tuple[Any, list[tuple[str, str | None]]]:
     """What a user gets from the only run in ``db``: its outputs and the events' types and nodes."""
-    from flowkernel.api import Kernel
+    from flowkernel.run.kernel import Kernel
     from flowkernel.store.open import open_store
 
     kernel = Kernel(open_store(str(db)))

@@ -8,7 +8,6 @@ from typing import Any
 
 import anyio
 import pytest
-from flowkernel.api import Kernel
 from flowkernel.core.events import (
     AgentTool,
     BaseEvent,
@@ -19,9 +18,10 @@ from flowkernel.core.events import (
     NodeStart,
 )
 from flowkernel.fixtures import MockQuery
+from flowkernel.run.kernel import Kernel
+from flowkernel.run.timetravel import create_fork, first_divergence, fork, rerun
 from flowkernel.store.sql.sqlite import SqliteStore
 from flowkernel.testing.harness import run_flow
-from flowkernel.timetravel import create_fork, first_divergence, fork, rerun
 
 ROOT = Path(__file__).resolve().parent.parent
 REVIEW = ROOT / "flows" / "review-loop.json"

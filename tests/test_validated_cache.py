@@ -30,8 +30,8 @@ sys.exit(code)
 HEAVY = ("pydantic", "networkx", "jsonschema", "anthropic", "jsonata", "regex")
 # What running a flow needs and checking a flow known to be valid does not: the compiler and the
 # expression engine, the node context (msgspec, the events), the event loop.
-RUNTIME = ("flowkernel.core.compiler", "flowkernel.core.expressions", "flowkernel.context", "flowkernel.core.events",
-           "flowkernel.offload", "msgspec", "anyio", "asyncio")
+RUNTIME = ("flowkernel.core.compiler", "flowkernel.core.expressions", "flowkernel.run.node_context", "flowkernel.core.events",
+           "flowkernel.run.offload", "msgspec", "anyio", "asyncio")
 
 
 def probe(*args: str, cwd: Path, env: dict[str, str],

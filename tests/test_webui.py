@@ -21,9 +21,9 @@ from typing import Any
 import anyio
 import flowkernel.examples.research_tools  # noqa: F401  (registers lookup_fact)
 import pytest
-from flowkernel.api import Kernel
 from flowkernel.core.commands import Command
 from flowkernel.fixtures import MockQuery
+from flowkernel.run.kernel import Kernel
 from flowkernel.store.open import open_store
 
 import tests.plugins.extras  # registers fail_first_time

@@ -14,8 +14,8 @@ from typing import Any
 
 import anyio
 import pytest
-from flowkernel.api import Kernel
 from flowkernel.core.snapshot import RunSnapshot
+from flowkernel.run.kernel import Kernel
 from flowkernel.store.open import open_store
 
 from tests.browser_support import CHROMIUM_ARGS, Server, Watched, chromium_path, serve, watch, why_no_browser

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from flowkernel.api import Kernel
+from flowkernel.run.kernel import Kernel
 from flowkernel.store.open import open_store
 
 import tests.plugins.waiters  # noqa: F401  (registers await_message, wait_for_file)

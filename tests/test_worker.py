@@ -14,10 +14,10 @@ from typing import Any
 
 import anyio
 import pytest
-from flowkernel.api import Kernel
 from flowkernel.core.commands import Command
 from flowkernel.core.events import CommandReceived, FlowComplete, FlowStart
 from flowkernel.errors import CommandRejectedError, LeaseLostError, StoreError
+from flowkernel.run.kernel import Kernel
 from flowkernel.store.base import Lease, RunRecord
 from flowkernel.store.sql.sqlite import SqliteStore
 from flowkernel.workers.worker import Worker, live_workers

@@ -16,9 +16,9 @@ import time
 from pathlib import Path
 
 import pytest
-from flowkernel.api import Kernel
 from flowkernel.plugins.registry import load_plugins
-from flowkernel.settings import RunSettings
+from flowkernel.run.kernel import Kernel
+from flowkernel.run.settings import RunSettings
 from flowkernel.store.open import open_store
 
 from tests.proxy import CuttableProxy

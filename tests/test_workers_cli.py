@@ -23,9 +23,9 @@ from typing import Any
 
 import anyio
 import pytest
-from flowkernel.api import Kernel
 from flowkernel.core.events import Event
 from flowkernel.ids import now_ms
+from flowkernel.run.kernel import Kernel
 from flowkernel.store.base import Store
 from flowkernel.store.open import open_store
 

@@ -1,4 +1,4 @@
-"""``flowkernel``: the command line, a thin layer over ``flowkernel.api``.
+"""``flowkernel``: the command line, a thin layer over ``flowkernel.run.kernel``.
 
 One module per command group (``flows``, ``inspect``, ``control``, ``timetravel``, ``record``, ``examples``,
 ``serve``, ``workers``, ``retention``); ``session`` holds

@@ -86,10 +86,10 @@ def missing_input_hint(schema: Any, value: Any) -> str | None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from flowkernel.api import parse_inputs
     from flowkernel.errors import RunInputError
     from flowkernel.flowfiles.validated import load_valid_flow
     from flowkernel.plugins.registry import default_registry
+    from flowkernel.run.kernel import parse_inputs
 
     # Everything about the input is checked before the store is touched. A queued run executes in a
     # worker, with the worker's plugins: its functions and tools are the worker's to know, not this
@@ -98,7 +98,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     flow = load_valid_flow(args.flow, default_registry(), check_names=not args.queue, warnings=warnings)
     warn(args.flow, warnings)
     value = parse_inputs(flow, args.input, args.input_json)
-    from flowkernel.api import Kernel
+    from flowkernel.run.kernel import Kernel
 
     try:
         Kernel.check_input(flow, value)

@@ -19,7 +19,7 @@ from flowkernel.cli.session import (
 )
 
 if TYPE_CHECKING:
-    from flowkernel.api import Kernel
+    from flowkernel.run.kernel import Kernel
 
 RUNS_SHOWN = 50  # `runs` lists this many unless --limit says otherwise
 

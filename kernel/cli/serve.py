@@ -61,7 +61,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 return EXIT_INVALID
     from pathlib import Path
 
-    from flowkernel.api import Kernel
+    from flowkernel.run.kernel import Kernel
     from flowkernel.store.open import open_store
 
     for folder in args.flows:

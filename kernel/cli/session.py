@@ -11,10 +11,10 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from flowkernel.api import Kernel
     from flowkernel.core.events import BaseEvent
     from flowkernel.core.snapshot import RunSnapshot
-    from flowkernel.settings import RunSettings
+    from flowkernel.run.kernel import Kernel
+    from flowkernel.run.settings import RunSettings
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_STOPPED = 0, 1, 2, 3
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -77,7 +77,7 @@ def opened(args: argparse.Namespace, *, create: bool = False, readonly: bool = F
 
 
 def kernel_for(args: argparse.Namespace, *, create: bool = False, readonly: bool = False) -> Kernel:
-    from flowkernel.api import Kernel
+    from flowkernel.run.kernel import Kernel
     from flowkernel.store.open import open_store
 
     return Kernel(open_store(args.db, create=create, readonly=readonly), settings=settings_of(args))
@@ -85,7 +85,7 @@ def kernel_for(args: argparse.Namespace, *, create: bool = False, readonly: bool
 
 def settings_of(args: argparse.Namespace) -> RunSettings:
     """What the command line says runs execute with: ``--fixtures`` and the plugin modules it loaded."""
-    from flowkernel.settings import RunSettings
+    from flowkernel.run.settings import RunSettings
 
     env = os.environ.get("FLOWKERNEL_PLUGINS", "").split(",")
     plugins = [*env, *getattr(args, "plugin", ()), *getattr(args, "command_plugins", ())]
@@ -126,7 +126,7 @@ class _JsonLines:
 
 class _Printer:
     """Prints events one by one, or a commit's worth at once (``batch``, one flush: see
-    ``flowkernel.runner.EventListener``); a reader that went away stops the printing, not the run."""
+    ``flowkernel.run.loop.EventListener``); a reader that went away stops the printing, not the run."""
 
     def __init__(self, target: Any) -> None:
         self.target = target
@@ -209,7 +209,7 @@ def store_option(args: argparse.Namespace) -> str:
     """`` --db URL`` when the command named a store of its own, so a command printed for the user works
     wherever it is pasted: a SQLite path made absolute, a PostgreSQL URL without its password (libpq
     then reads it from PGPASSWORD or ~/.pgpass: a hint must not print a secret). Runs remember their
-    fixtures and plugins (flowkernel.settings), so hints need nothing else."""
+    fixtures and plugins (flowkernel.run.settings), so hints need nothing else."""
     import re
     import shlex
     from pathlib import Path

@@ -58,7 +58,7 @@ def cmd_fixtures(args: argparse.Namespace) -> int:
 
 
 def cmd_rerun(args: argparse.Namespace) -> int:
-    from flowkernel.timetravel import rerun
+    from flowkernel.run.timetravel import rerun
 
     with opened(args) as kernel:
         report = run_async(rerun, kernel, args.run)
@@ -75,8 +75,8 @@ def cmd_rerun(args: argparse.Namespace) -> int:
 
 
 def cmd_fork(args: argparse.Namespace) -> int:
-    from flowkernel.api import parse_inputs
-    from flowkernel.timetravel import fork
+    from flowkernel.run.kernel import parse_inputs
+    from flowkernel.run.timetravel import fork
 
     with opened(args) as kernel:
         changes = parse_inputs(kernel.flow_of(args.run), args.input, None) if args.input else None

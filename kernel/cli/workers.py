@@ -31,7 +31,7 @@ def add_parsers(sub: Any) -> None:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from flowkernel.api import Kernel
+    from flowkernel.run.kernel import Kernel
     from flowkernel.store.open import open_store
     from flowkernel.workers.worker import Worker
 

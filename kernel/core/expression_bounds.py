@@ -20,7 +20,7 @@ event log says what happened and replay never re-evaluates it.
 The deadline is the expression's limit or, when it comes sooner, its caller's (a node's ``timeoutMs``):
 reaching the caller's is the caller's timeout, reported by the caller.
 
-The run shell evaluates open expressions off the event loop (``flowkernel.offload``): a thread-local
+The run shell evaluates open expressions off the event loop (``flowkernel.run.offload``): a thread-local
 ``Scope`` tells an evaluation its limits, its caller's deadline and whether it was cancelled, and on the event loop's own
 thread an open expression asks to be moved (``NeedsThread``). Anywhere else (tests, scripts) an open
 expression runs where it is called, under the default limits.

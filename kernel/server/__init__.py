@@ -1,4 +1,4 @@
-"""The HTTP API of flowkernel (DESIGN §10): a thin FastAPI face over ``flowkernel.api.Kernel``.
+"""The HTTP API of flowkernel (DESIGN §10): a thin FastAPI face over ``flowkernel.run.kernel.Kernel``.
 
 One module per job: ``app`` builds the application, ``problems`` turns errors into RFC 9457
 responses, ``auth`` checks the bearer token, ``limits`` caps request bodies, ``headers`` adds the

@@ -1,6 +1,6 @@
 """The FastAPI application: ``create_app(kernel, config)``.
 
-The routes are a face over ``flowkernel.api.Kernel``: what they may read and do is what the CLI
+The routes are a face over ``flowkernel.run.kernel.Kernel``: what they may read and do is what the CLI
 may, through the same calls, so a command refused here is refused with the CLI's reason. The
 kernel given here serves requests only; runs are executed by workers (``flowkernel.workers.worker``: those
 of ``serve --workers N`` or ``flowkernel worker`` processes), each with its own kernel, so commands
@@ -19,8 +19,8 @@ from typing import Any
 import anyio
 from fastapi import APIRouter, Depends, FastAPI
 from fastapi.middleware.cors import CORSMiddleware
-from flowkernel.api import Kernel
 from flowkernel.flowfiles.catalog import FlowCatalog
+from flowkernel.run.kernel import Kernel
 from flowkernel.server import agents, docs_page, execute, flows, problems, runs, stream, webui
 from flowkernel.server.access import AccessLog
 from flowkernel.server.auth import token_check

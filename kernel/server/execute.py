@@ -13,9 +13,9 @@ from typing import Annotated
 import anyio
 import anyio.to_thread
 from fastapi import APIRouter, Query, Request, Response
-from flowkernel.api import Kernel
 from flowkernel.core.compiler import CompiledFlow
 from flowkernel.errors import FlowValidationError, StoreError
+from flowkernel.run.kernel import Kernel
 from flowkernel.server.document import problems
 from flowkernel.server.feed import Feed
 from flowkernel.server.problems import ApiProblem

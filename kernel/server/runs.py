@@ -10,9 +10,9 @@ import anyio
 import anyio.to_thread
 import msgspec
 from fastapi import APIRouter, Query, Request, Response
-from flowkernel.api import Kernel
 from flowkernel.core.commands import Command
 from flowkernel.core.events import Event
+from flowkernel.run.kernel import Kernel
 from flowkernel.server.document import problems
 from flowkernel.server.pagination import (
     DEFAULT_LIMIT,
@@ -108,7 +108,7 @@ def _deliver(kernel: Kernel, run_id: str, cmd: Command) -> int:
     Kernel.command is the CLI's own path: judged where the run is, refusals recorded in its log. A
     reply or send that lands in a run of the worker pool that nobody executes (it waits) hands the
     run back to the pool, as ``flowkernel reply`` does; a worker carries on with it."""
-    from flowkernel.api import continue_stopped
+    from flowkernel.run.kernel import continue_stopped
 
     outcome = anyio.run(lambda: kernel.command(run_id, cmd))
     if cmd.kind in ("reply", "send"):

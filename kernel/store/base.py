@@ -48,7 +48,7 @@ class RunRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
     leaseEpoch: int = 0  # grows with every grant of the lease (fencing: see the module docstring)
     pooled: bool = False  # executed by the worker pool: queued at creation, recovered when orphaned
     maxRuns: int | None = None  # the flow's maxConcurrentRuns when the run was created
-    # How the run executes, wherever it is continued (``flowkernel.settings.RunSettings`` as JSON).
+    # How the run executes, wherever it is continued (``flowkernel.run.settings.RunSettings`` as JSON).
     settings: dict[str, Any] | None = None
 
 

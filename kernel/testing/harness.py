@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-from flowkernel.api import Kernel
 from flowkernel.core.events import Event, NodeComplete, NodeError
 from flowkernel.core.snapshot import RunSnapshot
 from flowkernel.fixtures import MockQuery
 from flowkernel.plugins.registry import Registry, default_registry
+from flowkernel.run.kernel import Kernel
 from flowkernel.store.base import Store
 from flowkernel.store.memory import MemoryStore
 

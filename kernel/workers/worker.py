@@ -37,11 +37,11 @@ from typing import Any
 import anyio
 import anyio.abc
 import anyio.to_thread
-from flowkernel.api import Kernel, owner_dead
 from flowkernel.core.snapshot import RunSnapshot
 from flowkernel.errors import FlowkernelError, LeaseLostError
 from flowkernel.ids import now_ms
-from flowkernel.runner import RunExecution
+from flowkernel.run.kernel import Kernel, owner_dead
+from flowkernel.run.loop import RunExecution
 from flowkernel.store.base import Claim, WorkerRecord
 from flowkernel.workers.defaults import DEFAULT_CONCURRENCY, DEFAULT_GRACE_S
 

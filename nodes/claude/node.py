@@ -31,7 +31,6 @@ from typing import Any
 import anyio
 from flowkernel.agents.query import ModelMessage, QueryFn
 from flowkernel.agents.tools import ASK_HUMAN, INTERRUPTED_RESULT, Tool, as_tool, result_text, truncate
-from flowkernel.context import NodeContext
 from flowkernel.core.events import USAGE_KEYS, AgentComplete, AgentError, AgentStart, AgentTool, AgentUsage
 from flowkernel.core.jsonschemas import instance_errors
 from flowkernel.core.node import INTERRUPTED, Interrupted, KnownNames, WaitFor, unknown_name
@@ -49,6 +48,7 @@ from flowkernel.nodes.claude.config import (
 from flowkernel.nodes.claude.pricing import Price, cost_usd, find_price, price_table
 from flowkernel.nodes.claude.resume import Pickup
 from flowkernel.nodes.claude.transcript import Transcript
+from flowkernel.run.node_context import NodeContext
 
 FINAL_STOPS = frozenset({"end_turn", "stop_sequence", "max_tokens", "refusal", None})
 
@@ -99,7 +99,7 @@ async def _schema_problem(text: str, schema: dict[str, Any], ctx: NodeContext) -
     except json.JSONDecodeError as exc:
         return None, f"the answer is not JSON ({exc})"
     from flowkernel.core.expression_scope import EvaluationCancelled, Scope
-    from flowkernel.offload import CANCELLED, call_off_loop, expression_limits
+    from flowkernel.run.offload import CANCELLED, call_off_loop, expression_limits
 
     def check() -> list[tuple[str, str]]:
         return instance_errors(schema, value, schema_at=f"{ctx.node_id}.input.outputSchema")

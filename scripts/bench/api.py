@@ -91,7 +91,7 @@ def serve(db: str, env: dict[str, str]) -> tuple[subprocess.Popen[bytes], str]:
 
 
 def stored_run(db: str, nodes: int) -> str:
-    from flowkernel.api import Kernel
+    from flowkernel.run.kernel import Kernel
 
     kernel = Kernel(db)
     flow = kernel.compile(chain("bench-pages", nodes, {"type": "transform", "input": {"expr": "1"}}))

@@ -29,11 +29,11 @@ import anyio
 import flowkernel_natural as natural
 import flowkernel_side as fk
 import measure
-from flowkernel.api import Kernel
-from flowkernel.context import NodeContext
 from flowkernel.core.commands import Command
 from flowkernel.core.events import AgentTextDelta
 from flowkernel.plugins.registry import default_registry
+from flowkernel.run.kernel import Kernel
+from flowkernel.run.node_context import NodeContext
 from flowkernel.store.memory import MemoryStore
 from flowkernel.store.sql.sqlite import SqliteStore
 from measure import CpuClock, Metrics, Stopwatch

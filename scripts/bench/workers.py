@@ -35,9 +35,9 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-from flowkernel.api import Kernel
 from flowkernel.core.commands import Command
 from flowkernel.core.events import FlowResumed, FlowStart
+from flowkernel.run.kernel import Kernel
 from flowkernel.store.open import open_store
 from flowkernel.workers.worker import live_workers
 

@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-from flowkernel.context import NodeContext
 from flowkernel.core.events import LoopIterate
 from flowkernel.plugins.registry import register_function, register_node_type
+from flowkernel.run.node_context import NodeContext
 
 
 @register_function("faulty.exit")

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from flowkernel.context import NodeContext
 from flowkernel.core.node import bindable
 from flowkernel.plugins.registry import register_node_type
+from flowkernel.run.node_context import NodeContext
 
 
 @register_node_type

@@ -20,8 +20,6 @@ import anyio
 import anyio.lowlevel
 import msgspec
 from anyio.abc import TaskGroup
-from flowkernel.committer import Committer
-from flowkernel.context import NodeContext
 from flowkernel.core.budgets import has_budgets, over_budget, run_limit
 from flowkernel.core.commands import Command, CommandOutcome, judge_command, refusal
 from flowkernel.core.compiler import CompiledFlow
@@ -61,9 +59,11 @@ from flowkernel.core.snapshot import InboxMessage, RunSnapshot
 from flowkernel.errors import FlowkernelError, LeaseLostError, NodeFailure, StoreError
 from flowkernel.history.agent_runs import FOLDED, AgentRunFold
 from flowkernel.ids import new_node_run_id
-from flowkernel.offload import CANCELLED, call_off_loop, expression_limits
 from flowkernel.plugins.registry import Registry
 from flowkernel.redaction import holds_secret, redact_bytes
+from flowkernel.run.committer import Committer
+from flowkernel.run.node_context import NodeContext
+from flowkernel.run.offload import CANCELLED, call_off_loop, expression_limits
 from flowkernel.store.base import CommitRequest, EventRow, Lease, RunTotals, Store
 from flowkernel.store.checkpoint import encode_checkpoint
 from flowkernel.store.fenced import fenced

@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import anyio
 import msgspec
-from flowkernel.committer import Committer
 from flowkernel.core.budgets import run_limit
 from flowkernel.core.commands import Command, CommandOutcome, judge_command, unstorable_at
 from flowkernel.core.compiler import CompiledFlow, compile_flow, load_flow
@@ -54,14 +53,15 @@ from flowkernel.errors import (
     StoreError,
 )
 from flowkernel.flowfiles.tree import first_unavailable
-from flowkernel.gc_pause import collector_paused
 from flowkernel.history.agent_runs import AgentRunFold
 from flowkernel.ids import new_run_id, now_ms
-from flowkernel.offload import limits_from_env
 from flowkernel.plugins.registry import Registry, default_registry
 from flowkernel.redaction import holds_secret, redact_bytes
-from flowkernel.runner import COMMAND_POLL_S, EventListener, RunExecution
-from flowkernel.settings import RunSettings, check_fixtures, import_plugins
+from flowkernel.run.committer import Committer
+from flowkernel.run.gc_pause import collector_paused
+from flowkernel.run.loop import COMMAND_POLL_S, EventListener, RunExecution
+from flowkernel.run.offload import limits_from_env
+from flowkernel.run.settings import RunSettings, check_fixtures, import_plugins
 from flowkernel.store.base import AgentRun, CreateRequest, EventRow, Lease, RunRecord, Store
 from flowkernel.store.checkpoint import decode_checkpoint, encode_checkpoint
 from flowkernel.workers.defaults import DEFAULT_LEASE_S

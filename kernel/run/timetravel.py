@@ -48,8 +48,8 @@ from flowkernel.store.base import EventRow, RunRecord
 from flowkernel.store.checkpoint import encode_checkpoint
 
 if TYPE_CHECKING:
-    from flowkernel.api import Kernel
     from flowkernel.core.compiler import CompiledFlow
+    from flowkernel.run.kernel import Kernel
 
 _ID = re.compile(r"\b(run|nr|ses)_[0-9a-z]{20}")
 _VOLATILE_KEYS = frozenset({"seq", "timestamp", "flowRunId", "runId", "cause", "durationMs", "resumedFrom"})
@@ -193,8 +193,8 @@ async def rerun(kernel: Kernel, run_id: str, *, flow: CompiledFlow | None = None
                 on_event: Callable[[BaseEvent], None] | None = None) -> RerunReport:
     """Execute ``run_id``'s flow again (the file as it is now, else the stored definition) on an
     in-memory store, from the run's own recorded model calls and replies; report the first divergence."""
-    from flowkernel.api import Kernel as KernelClass
     from flowkernel.fixtures import MockQuery, fixtures_from_run, write_fixtures
+    from flowkernel.run.kernel import Kernel as KernelClass
     from flowkernel.store.memory import MemoryStore
 
     record = kernel.store.get_run(run_id)

@@ -1,0 +1,1 @@
+"""The run shell: the Kernel facade and what it delegates to (flow cache, creation, reads, execution, the one append path, commit policy, node runs, leases, commands, time travel); the only place runs execute."""
