@@ -1,4 +1,4 @@
-"""Built-in node types, imported on first use (see ``flowkernel.plugins.registry.LazyMap``)."""
+"""The built-in node types (one module each, imported on first use: ``flowkernel.plugins.registry.LazyMap``); they see the run through ``ctx`` and never import the shell."""
 
 from __future__ import annotations
 

@@ -289,8 +289,8 @@ def test_concurrent_items_are_labelled_and_never_run_together(tmp_path: Path, cl
 
 
 def test_the_live_view_prints_interleaved_streams_one_at_a_time() -> None:
+    from flowkernel.cli.live_view import LiveView
     from flowkernel.core.events import AgentTextDelta, AgentUsage, NodeStart
-    from flowkernel.render import LiveView
 
     out = io.StringIO()
     view = LiveView(out)

@@ -127,3 +127,28 @@ def test_each_default_is_defined_once() -> None:
                         homes.setdefault(leaf.id, []).append(name)
     assert {k: v for k, v in homes.items() if len(v) > 1} == {}
     assert homes["DEFAULT_GRACE_S"] == ["flowkernel.workers.defaults"]
+
+
+# Modules that stay at the package's root: leaves every folder may import (DESIGN §2).
+ROOT_MODULES = {"flowkernel", "flowkernel.__main__", "flowkernel.errors", "flowkernel.ids", "flowkernel.redaction"}
+
+
+def test_every_module_lives_in_a_folder() -> None:
+    """The folders are the architecture: a module at the root is one nobody placed."""
+    loose = sorted(name for name in _modules() if name.count(".") == 1 and name not in ROOT_MODULES
+                   and not _is_package(name))
+    assert loose == [], f"modules outside every folder: {loose}"
+
+
+def _is_package(name: str) -> bool:
+    return _modules()[name].name == "__init__.py"
+
+
+def test_each_package_says_in_its_first_line_what_lives_there() -> None:
+    silent = []
+    for name, path in _modules().items():
+        if path.name == "__init__.py":
+            doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8")))
+            if not doc or not doc.splitlines()[0].strip():
+                silent.append(name)
+    assert silent == [], f"packages without a docstring saying what they hold: {silent}"

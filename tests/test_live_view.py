@@ -9,6 +9,7 @@ from typing import Any
 
 import anyio
 import msgspec
+from flowkernel.cli.live_view import LiveView, preview
 from flowkernel.core.events import (
     AgentTextDelta,
     CommandReceived,
@@ -21,7 +22,6 @@ from flowkernel.core.events import (
     decode,
     encode,
 )
-from flowkernel.render import LiveView, preview
 from flowkernel.run.kernel import Kernel
 from flowkernel.store.memory import MemoryStore
 from hypothesis import given, settings

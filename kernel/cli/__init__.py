@@ -1,4 +1,6 @@
-"""``flowkernel``: the command line, a thin layer over ``flowkernel.run.kernel``.
+"""``flowkernel``: the command line, one module per command group and the presentation they share; the only code that prints.
+
+A thin layer over the Kernel (``flowkernel.run.kernel``).
 
 One module per command group (``flows``, ``inspect``, ``control``, ``timetravel``, ``record``, ``examples``,
 ``serve``, ``workers``, ``retention``); ``session`` holds

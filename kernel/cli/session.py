@@ -99,7 +99,7 @@ def printer(args: argparse.Namespace, history: Callable[[int], Iterable[BaseEven
     them when a line first needs them (``LiveView.seed_later``)."""
     if args.json:
         return _Printer(_JsonLines())
-    from flowkernel.render import LiveView
+    from flowkernel.cli.live_view import LiveView
 
     view = LiveView(sys.stdout, wall=getattr(args, "wall", False))
     if history is not None:

@@ -1,4 +1,4 @@
-"""The example flows, their plugin module and their recorded fixtures, shipped with flowkernel.
+"""The example flows, their plugin module and their recorded fixtures, shipped with flowkernel; imports plugins/, agents/ and errors only.
 
 In the repository they live in ``flows/`` and ``fixtures/`` at the top level; installed, they are the
 packages ``flowkernel.examples.flows`` and ``flowkernel.examples.fixtures`` (setuptools ``package-dir``).

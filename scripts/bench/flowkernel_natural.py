@@ -27,10 +27,10 @@ from typing import Any
 import anyio
 import flowkernel_side as fk
 import measure
+from flowkernel.cli.live_view import LiveView
 from flowkernel.core.compiler import CompiledFlow
 from flowkernel.core.snapshot import RunSnapshot
 from flowkernel.plugins.registry import Registry, default_registry
-from flowkernel.render import LiveView
 from flowkernel.run.kernel import Kernel
 from flowkernel.store.sql.sqlite import SqliteStore
 from measure import CpuClock, Metrics, Stopwatch
