@@ -7,7 +7,8 @@ import inspect
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from flowkernel.core.node import KnownNames, bindable, unknown_name
+from flowkernel.core.names import KnownNames
+from flowkernel.core.node import bindable, unknown_name
 from flowkernel.errors import NodeFailure, Problem
 from flowkernel.plugins.registry import Blocking, takes_ctx
 

@@ -17,9 +17,10 @@ from typing import Any
 
 import anyio
 import pytest
-from flowkernel.core.compiler import compile_flow, load_flow
+from flowkernel.core.compiler import compile_flow
 from flowkernel.errors import FlowFileError, FlowValidationError, RunInputError
 from flowkernel.fixtures import FixtureError, MockQuery
+from flowkernel.flowfiles.load import load_flow
 from flowkernel.flowfiles.localfiles import ALLOW_DIRS_ENV
 from flowkernel.plugins.registry import default_registry
 from flowkernel.run.kernel import Kernel

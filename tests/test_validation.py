@@ -9,9 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from flowkernel.core.compiler import compile_flow, load_flow
+from flowkernel.core.compiler import compile_flow
 from flowkernel.core.flow import json_schema
 from flowkernel.errors import FlowFileError, FlowValidationError
+from flowkernel.flowfiles.load import load_flow
 from flowkernel.plugins.registry import default_registry
 
 ROOT = Path(__file__).resolve().parent.parent

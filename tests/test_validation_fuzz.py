@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from flowkernel.core.compiler import compile_flow, load_flow
+from flowkernel.core.compiler import compile_flow
 from flowkernel.errors import FlowkernelError, FlowValidationError
+from flowkernel.flowfiles.load import load_flow
 from flowkernel.plugins.registry import default_registry
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st

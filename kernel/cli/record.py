@@ -33,9 +33,9 @@ def _say(text: str) -> None:
 
 def cmd_record(args: argparse.Namespace) -> int:
     from flowkernel.agents.credentials import require_credentials
-    from flowkernel.core.compiler import load_flow
     from flowkernel.core.events import BaseEvent
     from flowkernel.fixtures.record import record_flow
+    from flowkernel.flowfiles.load import load_flow
     from flowkernel.plugins.registry import default_registry
     from flowkernel.run.kernel import Kernel, parse_inputs
 

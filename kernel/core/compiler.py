@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+from flowkernel.core.canonical import canonical_json, flow_hash
 from flowkernel.core.expressions import (
     ALWAYS,
     Condition,
@@ -24,7 +25,6 @@ from flowkernel.core.expressions import (
     strip_braces,
 )
 from flowkernel.errors import FlowValidationError, Problem
-from flowkernel.flowfiles.read import canonical_json, flow_hash, read_flow_document
 
 
 # A flow of 10,000 nodes compiles 20,000 of these when a run of it resumes: msgspec structs are built
@@ -111,20 +111,6 @@ class CompiledFlow(msgspec.Struct):
         return schema if isinstance(schema, dict) else None
 
 
-def load_flow(path: str | Path, node_types: Container[str], *, functions: Collection[str] | None = None,
-              tools: Collection[str] | None = None) -> CompiledFlow:
-    """Read, validate and compile a flow file; raises FlowFileError or FlowValidationError.
-
-    ``node_types``: the node types runs may use (``Registry.node_types``); a type not in it is an error.
-    ``functions``, ``tools``: the registered names; given, a name a node uses that is not among them is
-    an error too.
-    """
-    p = Path(path)
-    document, _ = read_flow_document(p)
-    return compile_flow(document, source=str(p), base_dir=p.resolve().parent, node_types=node_types,
-                        functions=functions, tools=tools)
-
-
 def compile_flow(
     document: Any,
     node_types: Container[str],
@@ -146,7 +132,7 @@ def compile_flow(
     canonical text and hash, known already (what the store keeps, or what the validation cache keyed).
     """
     if not trusted:
-        from flowkernel.core.node import KnownNames
+        from flowkernel.core.names import KnownNames
         from flowkernel.core.validation import check_document
 
         known = KnownNames(functions, tools) if functions is not None and tools is not None else None

@@ -6,11 +6,12 @@ run shell, the compiler or the registry.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from flowkernel.core.jsonschemas import BINDING_SCHEMA, check_schema
+from flowkernel.core.names import KnownNames as KnownNames  # node types annotate check_names with it
 from flowkernel.errors import Problem
 
 if TYPE_CHECKING:
@@ -95,14 +96,6 @@ def bindable(schema: dict[str, Any]) -> dict[str, Any]:
     """For ``input_schema``: ``schema``, or a string holding a ``{{ }}`` binding (whose value, and so its
     type, is only known at run time). ``"3"`` still fails an integer: only a binding passes."""
     return {"anyOf": [schema, BINDING_SCHEMA]}
-
-
-@dataclass(frozen=True, slots=True)
-class KnownNames:
-    """What a flow may name besides its own nodes: registered functions and tools."""
-
-    functions: Collection[str]
-    tools: Collection[str]
 
 
 def check_json_schema(schema: Any, path: str, problems: list[Problem]) -> None:

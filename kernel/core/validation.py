@@ -19,8 +19,8 @@ from flowkernel.core.expressions import (
     quoted,
     strip_braces,
 )
+from flowkernel.core.names import KnownNames
 from flowkernel.core.nesting import MAX_DEPTH
-from flowkernel.core.node import KnownNames
 from flowkernel.core.references import references, yields_function
 from flowkernel.errors import FlowValidationError, Problem
 

@@ -11,8 +11,9 @@ from collections.abc import Container, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from flowkernel.core.compiler import CompiledFlow, load_flow
+from flowkernel.core.compiler import CompiledFlow
 from flowkernel.errors import FlowkernelError
+from flowkernel.flowfiles.load import load_flow
 
 SUFFIXES = (".json", ".yaml", ".yml")
 

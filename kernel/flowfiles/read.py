@@ -1,9 +1,8 @@
-"""Flow files on disk: reading a JSON (or YAML) document and its content address. No pydantic here:
+"""Flow files on disk: reading a JSON (or YAML) document (its content address is ``core.canonical``). No pydantic here:
 resuming a stored run needs neither validation nor its import cost."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from pathlib import Path
@@ -111,12 +110,3 @@ def _token(match: re.Match[str]) -> str:
     if len(text) == 1 or (text.startswith("\\") and len(text) <= 6):  # one character ('?', '\\t'): not a secret
         return f"'{text}'"
     return "(quoted text left out)"
-
-
-def canonical_json(data: Any) -> str:
-    return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-
-
-def flow_hash(canonical: str) -> str:
-    """Content address of a flow definition: sha256 of its canonical JSON (``canonical_json``)."""
-    return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()

@@ -41,6 +41,7 @@ from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
+from flowkernel.core.canonical import canonical_json, flow_hash
 from flowkernel.errors import FlowkernelError, FlowValidationError, Problem
 from flowkernel.flowfiles.localfiles import (
     DEFAULT_MAX_FLOW_BYTES,
@@ -49,11 +50,11 @@ from flowkernel.flowfiles.localfiles import (
     read_limited,
     resolve_inside,
 )
-from flowkernel.flowfiles.read import canonical_json, flow_hash, read_flow_document
+from flowkernel.flowfiles.read import read_flow_document
 
 if TYPE_CHECKING:
     from flowkernel.core.compiler import CompiledFlow
-    from flowkernel.plugins.registry import Registry
+    from flowkernel.core.names import Registered
 
 CACHE_ENV = "FLOWKERNEL_CACHE_DIR"
 _FORMAT = b"flowkernel validation record 1"
@@ -72,7 +73,7 @@ class FlowSummary(NamedTuple):
     warnings: list[Problem]
 
 
-def load_valid_flow(path: str | Path, registry: Registry, *, check_names: bool = True,
+def load_valid_flow(path: str | Path, registry: Registered, *, check_names: bool = True,
                     warnings: list[Problem] | None = None) -> CompiledFlow:
     """Read a flow file and compile it, validating it unless it passed validation before with all that
     validation reads unchanged (see the module), and the child flows it calls by constant paths with
@@ -92,7 +93,7 @@ def load_valid_flow(path: str | Path, registry: Registry, *, check_names: bool =
     return _with_children(found, registry, check_names, own, warnings)
 
 
-def check_flow_file(path: str | Path, registry: Registry) -> FlowSummary:
+def check_flow_file(path: str | Path, registry: Registered) -> FlowSummary:
     """Validate a flow file and the child flows it calls (as ``load_valid_flow``) and summarise it. A
     flow known to be valid is not compiled: its summary is read from the document."""
     found = _look_up(path, registry, True)
@@ -114,7 +115,7 @@ def check_flow_file(path: str | Path, registry: Registry) -> FlowSummary:
 _T = TypeVar("_T")
 
 
-def _with_children(found: _Found, registry: Registry, check_names: bool, own: Callable[[], _T],
+def _with_children(found: _Found, registry: Registered, check_names: bool, own: Callable[[], _T],
                    warnings: list[Problem] | None) -> _T:
     """``own()`` (the flow's own validation), with the problems of the child flows it calls added to
     its own, or raised on their own when it has none; warnings of them all go to ``warnings``."""
@@ -157,7 +158,7 @@ class _Found(NamedTuple):
     known: bool  # the record exists: the document passed validation with all it reads as now
 
 
-def _look_up(path: str | Path, registry: Registry, check_names: bool) -> _Found:
+def _look_up(path: str | Path, registry: Registered, check_names: bool) -> _Found:
     p = Path(path)
     document, _ = read_flow_document(p)
     source, base = str(p), p.resolve().parent
@@ -181,7 +182,7 @@ def _used(record: Path) -> bool:
         return record.exists()
 
 
-def _validate(found: _Found, registry: Registry, check_names: bool) -> CompiledFlow:
+def _validate(found: _Found, registry: Registered, check_names: bool) -> CompiledFlow:
     """Validate and compile a flow not known to be valid; remember it if it passes."""
     from flowkernel.core.compiler import compile_flow
 
@@ -248,7 +249,7 @@ class _Asked(Collection[str]):
         return len(listing)
 
 
-def _key(document: Any, base: Path, registry: Registry, check_names: bool) -> tuple[str, str, str] | None:
+def _key(document: Any, base: Path, registry: Registered, check_names: bool) -> tuple[str, str, str] | None:
     """The record's name, the document's canonical text and its hash; None when the document is not
     worth caching (odd enough that validation will say what is wrong with it)."""
     if not isinstance(document, dict) or not isinstance(document.get("nodes"), list):
@@ -260,7 +261,7 @@ def _key(document: Any, base: Path, registry: Registry, check_names: bool) -> tu
         return None
     h = hashlib.sha256(_FORMAT)
     h.update(f"\0{digest}\0names={check_names}".encode())
-    from flowkernel.core.node import KnownNames
+    from flowkernel.core.names import KnownNames
 
     asked: list[str] = []
     known = KnownNames(_Asked("f", registry.functions, asked), _Asked("t", registry.tools, asked))
@@ -389,10 +390,14 @@ def _stamp(file: str) -> str:
 
 def _source_folders() -> list[str]:
     """flowkernel's package folders (``flowkernel.nodes`` may lie elsewhere in an editable install)."""
-    import flowkernel
-    import flowkernel.nodes
+    import importlib.util
 
-    return [os.path.dirname(flowkernel.__file__ or ""), os.path.dirname(flowkernel.nodes.__file__ or "")]
+    import flowkernel
+
+    # Found, not imported: importing flowkernel.nodes would make this module depend on the node types.
+    spec = importlib.util.find_spec("flowkernel.nodes")
+    nodes = list(spec.submodule_search_locations or []) if spec is not None else []
+    return [os.path.dirname(flowkernel.__file__ or ""), *nodes[:1]]
 
 
 def source_files() -> list[str]:

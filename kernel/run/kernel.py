@@ -22,7 +22,7 @@ import anyio
 import msgspec
 from flowkernel.core.budgets import run_limit
 from flowkernel.core.commands import Command, CommandOutcome, judge_command, unstorable_at
-from flowkernel.core.compiler import CompiledFlow, compile_flow, load_flow
+from flowkernel.core.compiler import CompiledFlow, compile_flow
 from flowkernel.core.events import (
     BaseEvent,
     CommandReceived,
@@ -52,6 +52,7 @@ from flowkernel.errors import (
     RunInputError,
     StoreError,
 )
+from flowkernel.flowfiles.load import load_flow
 from flowkernel.flowfiles.tree import first_unavailable
 from flowkernel.history.agent_runs import AgentRunFold
 from flowkernel.ids import new_run_id, now_ms

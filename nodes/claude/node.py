@@ -33,7 +33,8 @@ from flowkernel.agents.query import ModelMessage, QueryFn
 from flowkernel.agents.tools import ASK_HUMAN, INTERRUPTED_RESULT, Tool, as_tool, result_text, truncate
 from flowkernel.core.events import USAGE_KEYS, AgentComplete, AgentError, AgentStart, AgentTool, AgentUsage
 from flowkernel.core.jsonschemas import instance_errors
-from flowkernel.core.node import INTERRUPTED, Interrupted, KnownNames, WaitFor, unknown_name
+from flowkernel.core.names import KnownNames
+from flowkernel.core.node import INTERRUPTED, Interrupted, WaitFor, unknown_name
 from flowkernel.errors import NodeFailure, PatternTimeoutError, Problem
 from flowkernel.history.lineage import Lineage, find_lineage
 from flowkernel.nodes.claude import spans
