@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from flowkernel.core.names import KnownNames
 from flowkernel.core.node import bindable, unknown_name
 from flowkernel.errors import NodeFailure, Problem
-from flowkernel.plugins.registry import Blocking, takes_ctx
+from flowkernel.plugins.functions import Blocking, takes_ctx
 
 if TYPE_CHECKING:
     from flowkernel.run.node_context import NodeContext

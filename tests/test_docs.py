@@ -226,8 +226,8 @@ def test_links_in_the_docs_point_at_files_and_headings_that_exist() -> None:
 
 
 def test_every_built_in_node_type_and_agent_key_is_documented() -> None:
-    from flowkernel.nodes import BUILTIN_NODE_TYPES
     from flowkernel.nodes.claude.config import DEFAULT_MODEL, KEYS
+    from flowkernel.plugins.builtins import BUILTIN_NODE_TYPES
 
     text = (DOCS / "node-types.md").read_text(encoding="utf-8")
     for name in BUILTIN_NODE_TYPES:

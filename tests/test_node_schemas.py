@@ -13,8 +13,8 @@ import jsonschema
 import pytest
 from flowkernel.core.compiler import compile_flow
 from flowkernel.errors import FlowValidationError
-from flowkernel.nodes import BUILTIN_NODE_TYPES
 from flowkernel.nodes.claude.config import INPUT_SCHEMA, KEYS
+from flowkernel.plugins.builtins import BUILTIN_NODE_TYPES
 from flowkernel.plugins.registry import default_registry
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -14,7 +14,8 @@ from typing import Any
 
 import flowkernel.plugins.registry
 import pytest
-from flowkernel.plugins.registry import LazyMap, Registry
+from flowkernel.plugins.lazy import LazyMap
+from flowkernel.plugins.registry import Registry
 
 THREADS = 16
 

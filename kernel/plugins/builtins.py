@@ -1,0 +1,14 @@
+"""The built-in node types, as ``module:attr`` strings the registry imports on first use: the registry
+never imports a node module itself, and a run that uses only ``transform`` nodes never loads the agent's."""
+
+from __future__ import annotations
+
+BUILTIN_NODE_TYPES: dict[str, str] = {
+    "noop": "flowkernel.nodes.basic:NoopNode",
+    "transform": "flowkernel.nodes.basic:TransformNode",
+    "state.set": "flowkernel.nodes.basic:StateSetNode",
+    "python": "flowkernel.nodes.python_fn:PythonNode",
+    "human.input": "flowkernel.nodes.human:HumanInputNode",
+    "flow.call": "flowkernel.nodes.flow_call:FlowCallNode",
+    "claude.agent": "flowkernel.nodes.claude:ClaudeAgentNode",
+}
