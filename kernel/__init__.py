@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 # Old documented path -> where that module lives now.
 _MOVED: dict[str, str] = {
     "flowkernel.api": "flowkernel.run.kernel",
-    "flowkernel.context": "flowkernel.run.node_context",
+    "flowkernel.context": "flowkernel.core.node_context",
     "flowkernel.events": "flowkernel.core.events",
     "flowkernel.expression_bounds": "flowkernel.core.expression_bounds",
     "flowkernel.nesting": "flowkernel.core.nesting",

@@ -11,7 +11,7 @@ from flowkernel.errors import ExpressionError, NodeFailure, Problem
 # validation cache) reads the node types but should not pay for the expression engine or msgspec.
 if TYPE_CHECKING:
     from flowkernel.core.expressions import Expr
-    from flowkernel.run.node_context import NodeContext
+    from flowkernel.core.node_context import NodeContext
 
 
 class NoopNode:

@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING, Any
 import anyio
 from flowkernel.core.events import FlowPaused, NodeStart
 from flowkernel.core.node import INTERRUPTED, Interrupted, WaitFor, bindable
+from flowkernel.core.node_context import NodeContext
 from flowkernel.errors import FlowkernelError, NodeFailure, Problem
 from flowkernel.flowfiles.localfiles import resolve_inside
-from flowkernel.run.node_context import NodeContext
 
 if TYPE_CHECKING:
     from flowkernel.core.snapshot import RunSnapshot

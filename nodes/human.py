@@ -8,7 +8,7 @@ from flowkernel.core.node import WaitFor, check_json_schema
 from flowkernel.errors import Problem
 
 if TYPE_CHECKING:
-    from flowkernel.run.node_context import NodeContext
+    from flowkernel.core.node_context import NodeContext
 
 
 class HumanInputNode:

@@ -13,7 +13,7 @@ from flowkernel.errors import NodeFailure, Problem
 from flowkernel.plugins.functions import Blocking, takes_ctx
 
 if TYPE_CHECKING:
-    from flowkernel.run.node_context import NodeContext
+    from flowkernel.core.node_context import NodeContext
 
 
 class PythonNode:

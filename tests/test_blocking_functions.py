@@ -9,9 +9,9 @@ import time
 from typing import Any
 
 import pytest
+from flowkernel.core.node_context import NodeContext
 from flowkernel.errors import InvalidInputError
 from flowkernel.plugins.registry import Blocking, Registry, blocking, default_registry
-from flowkernel.run.node_context import NodeContext
 from flowkernel.testing.harness import run_flow
 
 HOLD_S = 10.0  # how long the held function waits for its release before it gives up (and fails the run)

@@ -6,9 +6,9 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+from flowkernel.core.node_context import NodeContext
 from flowkernel.core.snapshot import RunSnapshot
 from flowkernel.run.kernel import Kernel
-from flowkernel.run.node_context import NodeContext
 from flowkernel.store.checkpoint import LEAF, decode_checkpoint, encode_checkpoint, load_checkpoint
 from flowkernel.store.packing import FANOUT
 from flowkernel.store.sql.sqlite import SqliteStore

@@ -8,8 +8,8 @@ from typing import Any
 import anyio
 import pytest
 from flowkernel.core.events import AgentTextDelta, BaseEvent, StatePatch
+from flowkernel.core.node_context import NodeContext
 from flowkernel.run.kernel import Kernel
-from flowkernel.run.node_context import NodeContext
 from flowkernel.store.memory import MemoryStore
 from flowkernel.store.sql.sqlite import SqliteStore
 

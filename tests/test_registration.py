@@ -9,11 +9,11 @@ from typing import Any
 import anyio
 import pytest
 from flowkernel.agents.tools import Tool, as_tool, tool
+from flowkernel.core.node_context import NodeContext
 from flowkernel.errors import InvalidInputError
 from flowkernel.plugins import registry as registry_module
 from flowkernel.plugins.registry import Registry, default_registry
 from flowkernel.run.kernel import Kernel
-from flowkernel.run.node_context import NodeContext
 from flowkernel.store.memory import MemoryStore
 
 

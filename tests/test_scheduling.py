@@ -18,10 +18,10 @@ from flowkernel.core.events import (
     NodeError,
     NodeSkipped,
 )
+from flowkernel.core.node_context import NodeContext
 from flowkernel.core.reducer import fold
 from flowkernel.core.state_ops import apply_patch
 from flowkernel.errors import FlowValidationError
-from flowkernel.run.node_context import NodeContext
 
 from tests.helpers import flow, py, registry, run_flow, started, t
 

@@ -1,6 +1,6 @@
 """The seam between the kernel and node types: the ``NodeType`` protocol and what a node returns.
 
-A node type's ``run`` gets a ``flowkernel.run.node_context.NodeContext``; this module needs nothing of the
+A node type's ``run`` gets a ``flowkernel.core.node_context.NodeContext``; this module needs nothing of the
 run shell, the compiler or the registry.
 """
 
@@ -16,7 +16,7 @@ from flowkernel.errors import Problem
 
 if TYPE_CHECKING:
     from flowkernel.core.events import FlowPaused
-    from flowkernel.run.node_context import NodeContext
+    from flowkernel.core.node_context import NodeContext
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from flowkernel.core.events import AgentStart, FlowResumed, InboxConsumed, NodeError, NodeStart, decode
-from flowkernel.store.base import Store
+from flowkernel.core.node_context import NodeStore
 
 # Events worth decoding: the rest of a long run's log (deltas, tool events) is skipped unread.
 _WANTED = (b'"node:start"', b'"node:error"', b'"agent:start"', b'"inbox:consumed"', b'"flow:resumed"')
@@ -40,7 +40,7 @@ class Lineage:
         return None
 
 
-def find_lineage(store: Store, flow_run_id: str, node_id: str, item: int | None, run_id: str) -> Lineage:
+def find_lineage(store: NodeStore, flow_run_id: str, node_id: str, item: int | None, run_id: str) -> Lineage:
     """The lineage of node run ``run_id`` (of ``node_id``, forEach ``item``) in run ``flow_run_id``."""
     starts: list[NodeStart] = []
     sessions: dict[str, str] = {}

@@ -62,7 +62,7 @@ from flowkernel.ids import new_node_run_id
 from flowkernel.plugins.registry import Registry
 from flowkernel.redaction import holds_secret, redact_bytes
 from flowkernel.run.committer import Committer
-from flowkernel.run.node_context import NodeContext
+from flowkernel.run.node_context import ShellNodeContext
 from flowkernel.run.offload import CANCELLED, call_off_loop, expression_limits
 from flowkernel.store.base import CommitRequest, EventRow, Lease, RunTotals, Store
 from flowkernel.store.checkpoint import encode_checkpoint
@@ -900,7 +900,7 @@ class RunExecution:
         backoff_ms = policy.retry.backoffMs if policy.retry else 0
         attempt, run_id, start_seq = start.attempt, start.runId or "", start.seq
         while True:
-            ctx = NodeContext(self, node_id=node.id, run_id=run_id, flow_run_id=self.snap.runId, attempt=attempt,
+            ctx = ShellNodeContext(self, node_id=node.id, run_id=run_id, flow_run_id=self.snap.runId, attempt=attempt,
                               input=start.input, item=start.item, resumed_from=start.resumedFrom)
             began = time.monotonic()
             try:

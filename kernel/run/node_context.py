@@ -1,4 +1,5 @@
-"""What a running node sees: its ``NodeContext``, and the ``RunShell`` protocol it is served by."""
+"""The node context the shell hands each node run (``ShellNodeContext``, implementing the core's
+``NodeContext`` Protocol), and the ``Shell`` protocol it is served by."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ if TYPE_CHECKING:
     from flowkernel.store.base import Store
 
 
-class RunShell(Protocol):
+class Shell(Protocol):
     """What a node context needs from the shell that executes the run."""
 
     flow: CompiledFlow
@@ -48,10 +49,10 @@ class RunShell(Protocol):
     def services(self) -> dict[str, Any]: ...
 
 
-class NodeContext:
-    """Everything a running node may see and do. One per node run."""
+class ShellNodeContext:
+    """Everything a running node may see and do (``flowkernel.core.node_context.NodeContext``). One per node run."""
 
-    def __init__(self, shell: RunShell, *, node_id: str, run_id: str, flow_run_id: str, attempt: int,
+    def __init__(self, shell: Shell, *, node_id: str, run_id: str, flow_run_id: str, attempt: int,
                  input: Any, item: int | None, resumed_from: str | None) -> None:
         self._shell = shell
         self.node_id = node_id

@@ -35,6 +35,7 @@ from flowkernel.core.events import USAGE_KEYS, AgentComplete, AgentError, AgentS
 from flowkernel.core.jsonschemas import instance_errors
 from flowkernel.core.names import KnownNames
 from flowkernel.core.node import INTERRUPTED, Interrupted, WaitFor, unknown_name
+from flowkernel.core.node_context import NodeContext
 from flowkernel.errors import NodeFailure, PatternTimeoutError, Problem
 from flowkernel.history.lineage import Lineage, find_lineage
 from flowkernel.nodes.claude import spans
@@ -49,7 +50,6 @@ from flowkernel.nodes.claude.config import (
 from flowkernel.nodes.claude.pricing import Price, cost_usd, find_price, price_table
 from flowkernel.nodes.claude.resume import Pickup
 from flowkernel.nodes.claude.transcript import Transcript
-from flowkernel.run.node_context import NodeContext
 
 FINAL_STOPS = frozenset({"end_turn", "stop_sequence", "max_tokens", "refusal", None})
 

@@ -25,9 +25,9 @@ from typing import Any
 
 from flowkernel.agents.tools import ASK_HUMAN, INTERRUPTED_RESULT, result_text
 from flowkernel.core.events import AgentTool
+from flowkernel.core.node_context import NodeContext
 from flowkernel.history.lineage import Lineage
 from flowkernel.nodes.claude.transcript import Transcript
-from flowkernel.run.node_context import NodeContext
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,10 +13,10 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from flowkernel.core.events import AgentError
+from flowkernel.core.node_context import NodeContext
 from flowkernel.errors import LeaseLostError
 from flowkernel.ids import now_ms
 from flowkernel.redaction import redacted
-from flowkernel.run.node_context import NodeContext
 
 PAGE = 500
 

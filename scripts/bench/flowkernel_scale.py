@@ -31,9 +31,9 @@ import flowkernel_side as fk
 import measure
 from flowkernel.core.commands import Command
 from flowkernel.core.events import AgentTextDelta
+from flowkernel.core.node_context import NodeContext
 from flowkernel.plugins.registry import default_registry
 from flowkernel.run.kernel import Kernel
-from flowkernel.run.node_context import NodeContext
 from flowkernel.store.memory import MemoryStore
 from flowkernel.store.sql.sqlite import SqliteStore
 from measure import CpuClock, Metrics, Stopwatch

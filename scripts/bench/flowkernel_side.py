@@ -30,10 +30,10 @@ import flowkernel
 import flowkernel.nodes
 import measure
 from flowkernel.core.commands import Command
+from flowkernel.core.node_context import NodeContext
 from flowkernel.core.snapshot import RunSnapshot
 from flowkernel.plugins.registry import Registry, default_registry
 from flowkernel.run.kernel import Kernel
-from flowkernel.run.node_context import NodeContext
 from flowkernel.store.sql.sqlite import SqliteStore
 from measure import Metrics, Stopwatch
 

@@ -16,8 +16,8 @@ import signal
 from typing import Any
 
 import anyio.lowlevel
+from flowkernel.core.node_context import NodeContext
 from flowkernel.plugins.registry import register_function
-from flowkernel.run.node_context import NodeContext
 
 _calls = 0
 

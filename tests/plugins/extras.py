@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from flowkernel.core.node_context import NodeContext
 from flowkernel.plugins.registry import register_function, register_node_type
-from flowkernel.run.node_context import NodeContext
 
 
 @register_function("shout")

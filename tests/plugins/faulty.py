@@ -8,8 +8,8 @@ from typing import Any
 
 import anyio
 from flowkernel.core.events import LoopIterate
+from flowkernel.core.node_context import NodeContext
 from flowkernel.plugins.registry import register_function, register_node_type
-from flowkernel.run.node_context import NodeContext
 
 
 @register_function("faulty.exit")

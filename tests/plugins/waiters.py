@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import anyio
+from flowkernel.core.node_context import NodeContext
 from flowkernel.plugins.registry import register_function
-from flowkernel.run.node_context import NodeContext
 
 
 @register_function("await_message")

@@ -1,0 +1,122 @@
+"""What a node type sees of its run: the ``NodeContext`` Protocol (one per node run), and the store as a
+node run sees it (``NodeStore``). The run shell implements them (``flowkernel.run.node_context``); a node
+type imports them from here, and so never depends on the shell that runs it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from flowkernel.core.compiler import CompiledFlow
+    from flowkernel.core.events import BaseEvent
+    from flowkernel.core.names import Registered
+    from flowkernel.core.snapshot import InboxMessage
+
+
+class NodeStore(Protocol):
+    """The store as a node run sees it: the run's log, and the agent conversation rows it adds (written
+    only while the execution that runs it holds the run's lease)."""
+
+    def read_events(self, run_id: str, after: int = 0, until: int | None = None) -> list[bytes]: ...
+
+    def add_agent_message(self, row: dict[str, Any]) -> int: ...
+
+    def list_agent_messages(self, *, run_id: str | None = None, session_id: str | None = None,
+                            flow_run_id: str | None = None, after: int = 0, limit: int = 100,
+                            node_id: str | None = None) -> list[dict[str, Any]]: ...
+
+    def add_tool_call(self, row: dict[str, Any]) -> int: ...
+
+    def list_tool_calls(self, *, run_id: str | None = None, session_id: str | None = None,
+                        flow_run_id: str | None = None, tool_name: str | None = None, status: str | None = None,
+                        after: int = 0, limit: int = 100, node_id: str | None = None) -> list[dict[str, Any]]: ...
+
+
+class NodeContext(Protocol):
+    """Everything a running node may see and do. One per node run.
+
+    ``node_id``, ``run_id`` (the node run, ``nr_…``), ``flow_run_id`` (the run), ``attempt`` (1 for the
+    first), ``input`` (resolved), ``item`` (a forEach item's index, else None) and ``resumed_from`` (the
+    node run this one continues after an interruption, else None) say which node run this is.
+    """
+
+    node_id: str
+    run_id: str
+    flow_run_id: str
+    attempt: int
+    input: Any
+    item: int | None
+    resumed_from: str | None
+
+    @property
+    def flow(self) -> CompiledFlow:
+        """The compiled flow the run follows."""
+        ...
+
+    @property
+    def registry(self) -> Registered:
+        """The node types, functions and tools the run may use."""
+        ...
+
+    @property
+    def store(self) -> NodeStore:
+        """The run's store; the agent rows a node adds through it are fenced by the run's lease."""
+        ...
+
+    @property
+    def services(self) -> Any:
+        """What the run uses from the process that executes it (``query_fn``, ``fixtures``, …)."""
+        ...
+
+    @property
+    def raw_input(self) -> dict[str, Any]:
+        """The node's input as written in the flow file, bindings unresolved."""
+        ...
+
+    def binding_context(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """What a ``{{ }}`` in this node would see now: the context and the ``$`` variables."""
+        ...
+
+    @property
+    def state(self) -> dict[str, Any]:
+        """The run's state as this node run sees it (read-only: change it with ``patch_state``)."""
+        ...
+
+    def emit(self, draft: BaseEvent) -> None:
+        """Append an event for this node run; ordered, persisted with the next transition."""
+        ...
+
+    async def emit_durable(self, draft: BaseEvent) -> None:
+        """Append an event and wait until it is committed to the store."""
+        ...
+
+    def patch_state(self, op: str, path: str, value: Any) -> dict[str, Any]:
+        """Change the run's state (``set``, ``merge`` or ``append`` at a dotted path); returns the state as
+        this node run now sees it."""
+        ...
+
+    def inbox(self) -> list[InboxMessage]:
+        """Messages delivered to this node run and not yet consumed."""
+        ...
+
+    async def consume_inbox(self, count: int, step: int | None = None) -> None:
+        """Mark the first ``count`` inbox messages as taken, durably, so none is delivered twice."""
+        ...
+
+    def pause_requested(self) -> bool:
+        """True once the run is asked to pause: a node may finish its current step and return."""
+        ...
+
+    async def wait_for_pause(self) -> None:
+        """Return when the run is asked to pause (for cooperative nodes that watch in a task)."""
+        ...
+
+    def raised_budget(self) -> float | None:
+        """The limit ``resume --budget`` last set for this node, if any."""
+        ...
+
+    @property
+    def stop_reason(self) -> str | None:
+        """Why the run is stopping (``pause``, ``abort``, ``failed``), once it is; else None."""
+        ...
