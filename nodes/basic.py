@@ -84,9 +84,7 @@ class TransformNode:
         try:
             if compiled.bounded:
                 return compiled.evaluate(context, variables)
-            from flowkernel.run.offload import evaluate_off_loop, expression_limits
-
-            return await evaluate_off_loop(compiled, context, variables, expression_limits(ctx.services))
+            return await ctx.evaluate(compiled, context, variables)
         except ExpressionError as exc:
             raise NodeFailure(str(exc), "expression_error") from None
 

@@ -51,7 +51,7 @@ class FlowCallNode:
             problems.append(Problem(f"{path}.input", "input must be an object"))
 
     async def run(self, ctx: NodeContext) -> Any:
-        kernel: Kernel = ctx.services["kernel"]
+        kernel: Kernel = ctx.services.extra["kernel"]
         data = ctx.input if isinstance(ctx.input, dict) else {}
         target = data.get("flow")
         if not isinstance(target, str):
@@ -61,7 +61,7 @@ class FlowCallNode:
         except FlowkernelError as exc:
             raise NodeFailure(str(exc), "invalid_flow") from None
         chain = self._ancestry(kernel, ctx.flow_run_id)
-        limit = int(ctx.services.get("max_flow_depth") or os.environ.get("FLOWKERNEL_MAX_FLOW_DEPTH") or DEFAULT_MAX_DEPTH)
+        limit = int(ctx.services.limits.flow_depth or os.environ.get("FLOWKERNEL_MAX_FLOW_DEPTH") or DEFAULT_MAX_DEPTH)
         if len(chain) >= limit:
             names = " → ".join(reversed(chain))
             raise NodeFailure(f"flow.call depth limit {limit} reached calling {target} ({names} → …); a flow that "

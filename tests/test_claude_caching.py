@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from flowkernel.agents.tools import tool
 from flowkernel.fixtures import MockQuery, RecordingQuery
@@ -164,8 +165,8 @@ async def test_recordings_with_markers_replay_with_caching_off_and_old_ones_stil
                                                                                        fake: FakeAnthropic) -> None:
     fake.script(reply(Thinking("hm", signature="s"), ToolUse("lookup", {"key": "a"})), reply(Text("a found")))
     kernel = lookup_kernel(tmp_path / "rec", fake)
-    recorder = RecordingQuery(kernel.services["query_fn"])
-    kernel.services["query_fn"] = recorder
+    recorder = RecordingQuery(kernel.services.query_fn)
+    kernel.services = msgspec.structs.replace(kernel.services, query_fn=recorder)
     doc = agent_flow(prompt="Look up a.", system=SYSTEM, tools=["lookup"], thinking={"type": "adaptive"})
     await kernel.run(kernel.compile(doc), {})
     files = recorder.files()

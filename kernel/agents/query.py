@@ -1,9 +1,16 @@
-"""The query-function seam (DESIGN §8): how a Claude node makes one model call.
+"""The model-call seam (DESIGN §8): how an agent node makes one model call, and which way it is made.
 
 A query function takes the Messages API request body the node built and a callback for the agent
 events it streams (``agent:text:delta``, ``agent:thinking:delta``, ``agent:error`` …), and returns
-the final assistant message. The default calls the ``anthropic`` SDK; ``MockQuery`` (fixtures)
-replays recorded calls. Nothing else in the kernel talks to a model.
+the final assistant message. Nothing else in the kernel talks to a model. Three implement it:
+
+- ``flowkernel.agents.anthropic.AnthropicQuery``: the Messages API through the ``anthropic`` SDK (the
+  default: ``flowkernel.agents.default.default_query()``, which imports the SDK on its first call only);
+- ``flowkernel.fixtures.MockQuery`` (and ``FixtureLibrary``): replays recorded calls (DESIGN §8);
+- ``flowkernel.fixtures.RecordingQuery``: wraps another and records what it answers.
+
+Which one a run uses is chosen in one place, ``flowkernel.run.setup.query_for``: the one given to the
+Kernel, else the run's fixtures, else the default. Node types call ``ctx.services.query_fn``.
 """
 
 from __future__ import annotations
@@ -35,3 +42,11 @@ class QueryContext(Protocol):
 class QueryFn(Protocol):
     async def __call__(self, request: dict[str, Any], emit: Callable[[BaseEvent], None],
                        ctx: QueryContext) -> ModelMessage: ...
+
+
+class ReplaysRequests(Protocol):
+    """A node type whose model calls can be replayed from a stored run (``fixtures_from_run``): it says
+    what request body its node sent for a conversation, as a fixture's ``input`` records it."""
+
+    def request_for(self, node_input: Any, node_id: str, messages: list[dict[str, Any]],
+                    tools: list[dict[str, Any]]) -> dict[str, Any]: ...

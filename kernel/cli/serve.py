@@ -61,6 +61,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 return EXIT_INVALID
     from pathlib import Path
 
+    from flowkernel.core.services import RunServices
     from flowkernel.run.kernel import Kernel
     from flowkernel.store.open import open_store
 
@@ -79,12 +80,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         # to the API they are one more process executing runs.
         from flowkernel.workers.worker import Worker
 
-        services: dict[str, Any] = {}
+        services = RunServices()
         if args.fixtures:
             from flowkernel.fixtures.library import FixtureLibrary
 
-            services["query_fn"] = FixtureLibrary(args.fixtures)
-            services["fixtures"] = args.fixtures
+            services = RunServices(query_fn=FixtureLibrary(args.fixtures), fixtures=args.fixtures)
         worker_store = store if store.location == "memory" else open_store(args.db)
         worker = Worker(Kernel(worker_store, services=services), concurrency=args.workers, grace_s=args.grace_s)
     config = ServerConfig(token=token, flows=[Path(f) for f in args.flows], cors_origins=list(args.cors_origin),

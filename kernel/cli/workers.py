@@ -31,16 +31,16 @@ def add_parsers(sub: Any) -> None:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
+    from flowkernel.core.services import RunServices
     from flowkernel.run.kernel import Kernel
     from flowkernel.store.open import open_store
     from flowkernel.workers.worker import Worker
 
-    services: dict[str, Any] = {}
+    services = RunServices()
     if args.fixtures:
         from flowkernel.fixtures.library import FixtureLibrary
 
-        services["query_fn"] = FixtureLibrary(args.fixtures)
-        services["fixtures"] = args.fixtures
+        services = RunServices(query_fn=FixtureLibrary(args.fixtures), fixtures=args.fixtures)
     kernel = Kernel(open_store(args.db, create=True), services=services, lease_ttl_ms=int(args.lease_s * 1000))
     worker = Worker(kernel, concurrency=args.concurrency, grace_s=args.grace_s)
     try:

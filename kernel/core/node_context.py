@@ -5,13 +5,18 @@ type imports them from here, and so never depends on the shell that runs it.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 if TYPE_CHECKING:
     from flowkernel.core.compiler import CompiledFlow
     from flowkernel.core.events import BaseEvent
+    from flowkernel.core.expressions import Expr
     from flowkernel.core.names import Registered
+    from flowkernel.core.services import RunServices
     from flowkernel.core.snapshot import InboxMessage
+
+T = TypeVar("T")
 
 
 class NodeStore(Protocol):
@@ -65,8 +70,9 @@ class NodeContext(Protocol):
         ...
 
     @property
-    def services(self) -> Any:
-        """What the run uses from the process that executes it (``query_fn``, ``fixtures``, …)."""
+    def services(self) -> RunServices:
+        """What the run uses from the process that executes it: ``query_fn``, ``fixtures``, ``prices``,
+        expression and node limits, and what the embedding program added (``extra``)."""
         ...
 
     @property
@@ -119,4 +125,15 @@ class NodeContext(Protocol):
     @property
     def stop_reason(self) -> str | None:
         """Why the run is stopping (``pause``, ``abort``, ``failed``), once it is; else None."""
+        ...
+
+    async def off_loop(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` in a worker thread under the run's expression limits, so the event loop goes on
+        meanwhile: for what may take long (an open expression, a JSON Schema's patterns). The node's
+        timeout, a pause and an abort stop it at its next evaluation step; raises
+        ``EvaluationCancelled`` when it was stopped from outside."""
+        ...
+
+    async def evaluate(self, expr: Expr, context: Any, variables: Any) -> Any:
+        """Evaluate ``expr`` over ``context`` and ``variables`` off the event loop (``off_loop``)."""
         ...

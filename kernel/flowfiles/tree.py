@@ -14,10 +14,13 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flowkernel.errors import FlowkernelError, Problem
 from flowkernel.flowfiles.localfiles import resolve_inside
+
+if TYPE_CHECKING:
+    from flowkernel.core.services import RunServices
 from flowkernel.flowfiles.read import read_flow_document
 
 FLOW_CALL = "flow.call"
@@ -140,7 +143,7 @@ def _one_line(exc: FlowkernelError) -> str:
 
 
 def first_unavailable(document: Any, source: str, base: Path | None, node_types: Mapping[str, Any],
-                      services: Mapping[str, Any]) -> str | None:
+                      services: RunServices) -> str | None:
     """Why a node of the flow, or of a child flow it calls by a constant path, cannot run in a process
     with ``services`` (a node type's optional ``unavailable(who, services)``: an agent without
     credentials for the API it calls), or None. Each node type is asked once."""

@@ -14,7 +14,7 @@ import json
 import os
 import socket
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -39,6 +39,7 @@ from flowkernel.core.events import (
 from flowkernel.core.nesting import MAX_DEPTH
 from flowkernel.core.nonfinite import loads_strict
 from flowkernel.core.reducer import FlowLookup, fold, initial_snapshot
+from flowkernel.core.services import RunServices
 from flowkernel.core.snapshot import RunSnapshot
 from flowkernel.errors import (
     CommandRejectedError,
@@ -61,8 +62,9 @@ from flowkernel.redaction import holds_secret, redact_bytes
 from flowkernel.run.committer import Committer
 from flowkernel.run.gc_pause import collector_paused
 from flowkernel.run.loop import COMMAND_POLL_S, EventListener, RunExecution
-from flowkernel.run.offload import limits_from_env
-from flowkernel.run.settings import RunSettings, check_fixtures, import_plugins
+from flowkernel.run.settings import RunSettings, import_plugins
+from flowkernel.run.setup import query_for, services_of
+from flowkernel.run.tuning import Tuning
 from flowkernel.store.base import AgentRun, CreateRequest, EventRow, Lease, RunRecord, Store
 from flowkernel.store.checkpoint import decode_checkpoint, encode_checkpoint
 from flowkernel.workers.defaults import DEFAULT_LEASE_S
@@ -142,7 +144,7 @@ class _Ready(NamedTuple):
     snap: RunSnapshot
     drafts: list[BaseEvent]
     checkpoint_size: int
-    services: dict[str, Any]
+    services: RunServices
 
 
 class _Created(NamedTuple):
@@ -159,18 +161,20 @@ class Kernel:
     """One store, one registry, and the runs executing in this process."""
 
     def __init__(self, store: Store | str | None = None, *, registry: Registry | None = None,
-                 services: dict[str, Any] | None = None, lease_ttl_ms: int = LEASE_TTL_MS,
-                 settings: RunSettings | None = None) -> None:
-        """``settings``: how this process was told to execute runs (``--fixtures``, ``--plugin``). Runs it
-        creates keep them; runs it continues keep theirs, with these replacing what they set."""
+                 services: RunServices | Mapping[str, Any] | None = None, lease_ttl_ms: int = LEASE_TTL_MS,
+                 settings: RunSettings | None = None, tuning: Tuning | None = None) -> None:
+        """``services``: what runs use (``RunServices``, or the documented mapping of it); ``tuning``: how
+        the shell runs them. ``settings``: how this process was told to execute runs (``--fixtures``,
+        ``--plugin``). Runs it creates keep them; runs it continues keep theirs, with these replacing what
+        they set."""
         self.store: Store = store if store is not None and not isinstance(store, str) else open_store(store)
         self.registry = registry or default_registry()
-        self.services: dict[str, Any] = dict(services or {})
-        self.services.setdefault("kernel", self)
+        # Read (and checked) before any run is created: a bad FLOWKERNEL_EXPR_* is an input error.
+        self.services, self.tuning = services_of(services, tuning)
+        # flow.call's child runs, until node contexts carry the capability of their own.
+        self.services = msgspec.structs.replace(self.services, extra={**self.services.extra, "kernel": self})
         self.settings = settings or RunSettings()
         self._mocks: dict[str, Any] = {}
-        # Read (and checked) before any run is created: a bad FLOWKERNEL_EXPR_* is an input error.
-        self.services.setdefault("expression_limits", limits_from_env())
         self.owner = _owner_id()
         self.lease_ttl_ms = lease_ttl_ms
         self._executing: dict[str, RunExecution] = {}
@@ -712,7 +716,7 @@ class Kernel:
             self.store.update_run_flow(record.runId, flow.hash, flow.name, flow.canonical, source)
         return flow
 
-    def _prepare(self, record: RunRecord) -> dict[str, Any]:
+    def _prepare(self, record: RunRecord) -> RunServices:
         """The services to execute ``record``'s run with: its settings, with this kernel's replacing what
         they set (and kept for the run). Raises SettingUnavailableError, before anything is recorded,
         when the run needs what this process cannot provide."""
@@ -723,20 +727,11 @@ class Kernel:
             self.store.set_run_settings(record.runId, effective.to_json())
         return services
 
-    def _services(self, run_id: str, settings: RunSettings, *, new: bool = False) -> dict[str, Any]:
+    def _services(self, run_id: str, settings: RunSettings, *, new: bool = False) -> RunServices:
         import_plugins(run_id, settings)
         if settings.plugins and self.registry is not default_registry():
             self._adopt_plugins()
-        if "query_fn" in self.services or settings.fixtures is None:
-            return self.services  # a query function given to the kernel (tests, embedding) wins
-        if not new:  # (a new run's missing directory gets MockQuery's own error: how to record one)
-            check_fixtures(run_id, settings)
-        mock = self._mocks.get(settings.fixtures)
-        if mock is None:
-            from flowkernel.fixtures.mock import MockQuery
-
-            mock = self._mocks[settings.fixtures] = MockQuery(settings.fixtures)
-        return {**self.services, "fixtures": settings.fixtures, "query_fn": mock}
+        return query_for(run_id, self.services, settings, self._mocks, new=new)
 
     def _adopt_plugins(self) -> None:
         """Plugins register in the default registry: give this kernel's own registry what it lacks of it."""
@@ -749,12 +744,12 @@ class Kernel:
 
     async def _execute(self, flow: CompiledFlow, snap: RunSnapshot, drafts: list[BaseEvent],
                        on_event: EventListener | None, checkpoint_size: int, lease: Lease,
-                       services: dict[str, Any],
+                       services: RunServices,
                        on_execution: Callable[[RunExecution], None] | None = None) -> RunSnapshot:
         """Execute a run whose ``lease`` this kernel holds, from ``snap``; the lease ends when it stops."""
         run_id = snap.runId
         execution = RunExecution(flow=flow, snapshot=snap, store=self.store, registry=self.registry,
-                                 listeners=[on_event] if on_event else [], services=services,
+                                 listeners=[on_event] if on_event else [], services=services, tuning=self.tuning,
                                  checkpoint_size=checkpoint_size, lease=lease, committer=self._committer)
         self._executing[run_id] = execution
         if on_execution is not None:

@@ -49,12 +49,13 @@ from flowkernel.core.events import (
     decode,
     encoder,
 )
-from flowkernel.core.expression_scope import INLINE_ONLY, NeedsThread, Scope, set_scope
+from flowkernel.core.expression_scope import INLINE_ONLY, NeedsThread, Scope, limits_from_env, set_scope
 from flowkernel.core.expressions import is_constant
 from flowkernel.core.node import Interrupted, WaitFor
 from flowkernel.core.nonfinite import check_encoded, refuse_non_finite
 from flowkernel.core.reducer import ALL, apply, own
 from flowkernel.core.scheduling import Decision, Progress, awake, decide
+from flowkernel.core.services import RunServices
 from flowkernel.core.snapshot import InboxMessage, RunSnapshot
 from flowkernel.errors import FlowkernelError, LeaseLostError, NodeFailure, StoreError
 from flowkernel.history.agent_runs import FOLDED, AgentRunFold
@@ -63,7 +64,8 @@ from flowkernel.plugins.registry import Registry
 from flowkernel.redaction import holds_secret, redact_bytes
 from flowkernel.run.committer import Committer
 from flowkernel.run.node_context import ShellNodeContext
-from flowkernel.run.offload import CANCELLED, call_off_loop, expression_limits
+from flowkernel.run.offload import CANCELLED, call_off_loop
+from flowkernel.run.tuning import Tuning
 from flowkernel.store.base import CommitRequest, EventRow, Lease, RunTotals, Store
 from flowkernel.store.checkpoint import encode_checkpoint
 from flowkernel.store.fenced import fenced
@@ -81,12 +83,9 @@ CHECKPOINT_MIN_BYTES = 64 * 1024
 CHECKPOINT_SPACING = 2
 COMMAND_POLL_S = 0.05
 # Events that only show what a node is doing (a model's streamed text, its tool calls, what a call
-# cost) are committed at most once per this many ms per run, with whatever follows them; a transition
-# (node, edge, loop, flow, command or state event) is committed at once, with every event before it.
-# ``services["observability_commit_ms"]`` sets it for a kernel (0: commit every event at once).
-OBSERVABILITY_COMMIT_MS = 50
-PAUSE_GRACE_S = 30.0
-BUDGET_POLL_S = 1.0  # how often a run with a budget looks at what its running child runs spent
+# cost) are committed at most once per ``Tuning.observability_commit_ms`` per run, with whatever follows
+# them; a transition (node, edge, loop, flow, command or state event) is committed at once, with every
+# event before it.
 YIELD_EVERY_S = 0.01
 
 
@@ -136,14 +135,15 @@ class RunExecution:
     """Executes one run from its current snapshot until it stops (completes, fails, pauses, waits)."""
 
     def __init__(self, *, flow: CompiledFlow, snapshot: RunSnapshot, store: Store, registry: Registry,
-                 listeners: list[EventListener] | None = None, services: dict[str, Any] | None = None,
-                 checkpoint_size: int = 0, lease: Lease | None = None,
+                 listeners: list[EventListener] | None = None, services: RunServices | None = None,
+                 tuning: Tuning | None = None, checkpoint_size: int = 0, lease: Lease | None = None,
                  committer: Committer | None = None) -> None:
         self.flow = flow
         self.registry = registry
         self.store = store
         self.snap = own(snapshot)  # applied in place from here on: nobody else holds its maps
-        self._services = services or {}
+        self._services = services or RunServices()
+        self._tuning = tuning or Tuning()
         self._listeners = listeners or []
         # What node runs and commands hand to the loop, in order; ``_wakeup`` is set while it waits.
         self._queue: deque[_Message] = deque()
@@ -165,7 +165,7 @@ class RunExecution:
         self._packer = Packer()  # large payloads and checkpoints, packed in proportion to what changed
         # Shared by the runs a kernel executes at once: their commits share transactions.
         self._committer = committer or Committer(store)
-        self._window = float(self._services.get("observability_commit_ms", OBSERVABILITY_COMMIT_MS)) / 1000
+        self._window = self._tuning.observability_commit_ms / 1000
         self._loud = False  # an event not in _OBSERVABILITY waits to be committed
         self._last_commit = 0.0
         self._flush_at: float | None = None  # when the observability events waiting are committed
@@ -197,7 +197,7 @@ class RunExecution:
         self._draining = False
         # The run's agent runs still open, kept in the agent_runs table by each commit (flows with agents).
         self._agents = AgentRunFold.for_run(flow, self.snap, store)
-        self._limits = expression_limits(self._services)
+        self._limits = self._services.expression_limits or limits_from_env()
         self._deciding: tuple[Scope, anyio.Event] | None = None  # a decision computing in a worker thread
         # Budgets are checked after each model call and, when child runs count, after each node run.
         self._budgets = has_budgets(flow)
@@ -206,7 +206,7 @@ class RunExecution:
     # -- what node contexts use -------------------------------------------------------------
 
     @property
-    def services(self) -> dict[str, Any]:
+    def services(self) -> RunServices:
         return self._services
 
     def current_state(self) -> dict[str, Any]:
@@ -272,7 +272,8 @@ class RunExecution:
         ``background`` tasks (command polling, lease renewal) live in the run's task group and are
         cancelled when it stops. Traced (``flowkernel.telemetry.traces``) as one ``invoke_workflow`` span.
         """
-        with telemetry.run_execution(self._services, self.store, self.flow.name, self.snap.runId) as span:
+        with telemetry.run_execution(self._services.tracer_provider, self.store, self.flow.name,
+                                     self.snap.runId) as span:
             snap = await self._execute(first, background)
             span.set("flowkernel.run.status", snap.status)
             if snap.status == "failed":
@@ -511,7 +512,7 @@ class RunExecution:
         children have spent every ``budget_poll_s`` (default 1 s), so that the run pauses (and its
         children with it, at their next turn boundary) soon after they spend its budget, not only
         when a child finishes."""
-        interval = float(self._services.get("budget_poll_s", BUDGET_POLL_S))
+        interval = self._tuning.budget_poll_s
         calls = {n for n, node in self.flow.nodes.items() if node.type == "flow.call"}
         while True:
             await anyio.sleep(interval)
@@ -856,7 +857,7 @@ class RunExecution:
 
     async def _end_grace(self) -> None:
         """Cooperative nodes get a grace period to finish their step on pause; then they are cancelled."""
-        await anyio.sleep(float(self._services.get("pause_grace_s", PAUSE_GRACE_S)))
+        await anyio.sleep(self._tuning.pause_grace_s)
         self.stop_reason = "pause-timeout"
         self._put(_Wake())
 

@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import msgspec
 from flowkernel.core.events import BaseEvent, InboxConsumed, StatePatch, encoder
@@ -14,8 +15,12 @@ from flowkernel.errors import NodeFailure
 
 if TYPE_CHECKING:
     from flowkernel.core.compiler import CompiledFlow
+    from flowkernel.core.expressions import Expr
+    from flowkernel.core.services import RunServices
     from flowkernel.plugins.registry import Registry
     from flowkernel.store.base import Store
+
+T = TypeVar("T")
 
 
 class Shell(Protocol):
@@ -46,7 +51,7 @@ class Shell(Protocol):
     def stop_reason(self) -> str | None: ...
 
     @property
-    def services(self) -> dict[str, Any]: ...
+    def services(self) -> RunServices: ...
 
 
 class ShellNodeContext:
@@ -80,8 +85,8 @@ class ShellNodeContext:
         return self._shell.node_store
 
     @property
-    def services(self) -> dict[str, Any]:
-        """Process-wide services given to the Kernel (e.g. ``query_fn``, ``fixtures``)."""
+    def services(self) -> RunServices:
+        """What the run uses (``query_fn``, ``fixtures``, ``prices``, limits, ``extra``)."""
         return self._shell.services
 
     @property
@@ -190,3 +195,17 @@ class ShellNodeContext:
     def stop_reason(self) -> str | None:
         """Why the run is stopping (``pause``, ``abort``, ``failed``), once it is; else None."""
         return self._shell.stop_reason
+
+    async def off_loop(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` in a worker thread under the run's expression limits (see the Protocol)."""
+        from flowkernel.core.expression_scope import EvaluationCancelled, Scope, limits_from_env
+        from flowkernel.run.offload import CANCELLED, call_off_loop
+
+        result = await call_off_loop(Scope(self.services.expression_limits or limits_from_env()), fn, *args)
+        if result is CANCELLED:  # only the caller's cancellation cancels this scope, and that raised above
+            raise EvaluationCancelled
+        return result
+
+    async def evaluate(self, expr: Expr, context: Any, variables: Any) -> Any:
+        """Evaluate ``expr`` off the event loop, under the run's expression limits."""
+        return await self.off_loop(expr.evaluate, context, variables)

@@ -4,32 +4,25 @@ commands, renewing leases and running other runs while one expression computes.
 ``call_off_loop`` runs a function (a scheduling decision, a transform) in a worker thread under a
 ``Scope`` of limits; cancelling the caller cancels the scope, which stops the thread's evaluation at
 its next step, and the thread has always finished when ``call_off_loop`` returns: no stray thread.
-Limits come from ``Kernel(services={"expression_limits": ExpressionLimits(...)})`` or the environment.
+Limits come from the run's services (``RunServices.expression_limits``) or the environment.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import anyio
-from flowkernel.core.expression_scope import EvaluationCancelled, ExpressionLimits, Scope, set_scope
+from flowkernel.core.expression_scope import EvaluationCancelled, Scope, set_scope
 from flowkernel.core.expression_scope import (
     limits_from_env as limits_from_env,  # (re-exported: callers import it from here)
 )
-from flowkernel.core.expressions import Expr
 
 T = TypeVar("T")
 
 CANCELLED: Any = object()  # what ``call_off_loop`` returns when the scope was cancelled from outside
-
-def expression_limits(services: Mapping[str, Any]) -> ExpressionLimits:
-    """The limits for a run: the ``expression_limits`` service, else the environment's."""
-    given = services.get("expression_limits")
-    return given if isinstance(given, ExpressionLimits) else limits_from_env()
-
 
 async def call_off_loop(scope: Scope, fn: Callable[..., T], *args: Any) -> T:
     """``fn(*args)`` in a worker thread with ``scope`` as its expression scope. Returns ``CANCELLED``
@@ -74,11 +67,3 @@ async def call_off_loop(scope: Scope, fn: Callable[..., T], *args: Any) -> T:
         if at_deadline and caller_deadline != math.inf:
             await anyio.sleep(max(caller_deadline - anyio.current_time(), 0.0) + 1.0)  # the deadline cancels it
     return result  # type: ignore[no-any-return]
-
-
-async def evaluate_off_loop(expr: Expr, context: Any, variables: Any, limits: ExpressionLimits) -> Any:
-    """Evaluate ``expr`` in a worker thread under ``limits`` (for node types that evaluate expressions)."""
-    result = await call_off_loop(Scope(limits), expr.evaluate, context, variables)
-    if result is CANCELLED:  # only the caller's cancellation cancels this scope, and that raised above
-        raise EvaluationCancelled
-    return result

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import msgspec
 from flowkernel.core.events import (
     AgentError,
     AgentStart,
@@ -205,9 +206,8 @@ async def rerun(kernel: Kernel, run_id: str, *, flow: CompiledFlow | None = None
     with tempfile.TemporaryDirectory(prefix="flowkernel-rerun-") as tmp:
         write_fixtures(fixtures_from_run(kernel.store, run_id, tools=kernel.registry.tools), tmp)
         mock = MockQuery(tmp)
-        services = {k: v for k, v in kernel.services.items() if k != "kernel"}
-        services["query_fn"] = mock
-        replay = KernelClass(MemoryStore(), registry=kernel.registry, services=services)
+        services = msgspec.structs.replace(kernel.services, query_fn=mock)
+        replay = KernelClass(MemoryStore(), registry=kernel.registry, services=services, tuning=kernel.tuning)
         snap = await replay.run(flow, record.input, on_event=on_event)
         replies = _recorded_replies(recorded)
         while snap.status == "waiting":

@@ -1,7 +1,7 @@
 """OpenTelemetry traces of runs (DESIGN §12): one trace per run, a span per execution, node run,
 agent, model call and tool call, with the GenAI semantic-convention attributes.
 
-On when ``services["tracer_provider"]`` is given, when the embedding program set a tracer provider
+On when a tracer provider is given (``RunServices.tracer_provider``), when the embedding program set a tracer provider
 (``opentelemetry.trace.set_tracer_provider``), or when ``OTEL_EXPORTER_OTLP_ENDPOINT`` (or
 ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``) is set: then flowkernel exports over OTLP/HTTP itself (the
 ``otel`` extra). ``OTEL_SDK_DISABLED=true`` turns it off. Off, it costs a context-variable lookup per
@@ -95,9 +95,9 @@ def enabled() -> bool:
     return _ACTIVE.get() is not None
 
 
-def tracer_provider(services: Mapping[str, Any]) -> Any | None:
-    """The provider spans go to, or None when telemetry is off (see the module docstring)."""
-    given = services.get("tracer_provider")
+def tracer_provider(given: Any = None) -> Any | None:
+    """The provider spans go to (``given``: the run's ``RunServices.tracer_provider``), or None when
+    telemetry is off (see the module docstring)."""
     if given is not None:
         return given
     if os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
@@ -259,10 +259,11 @@ def _flush(provider: Any, tally: _Tally | None = None) -> None:
 
 
 @contextmanager
-def run_execution(services: Mapping[str, Any], store: Store, flow_name: str, run_id: str) -> Iterator[Any]:
-    """Trace one execution of a run: ``invoke_workflow {flow}``, in the run's stored trace. Yields the
-    span (``NULL_SPAN`` when off), current for everything the execution starts."""
-    provider = tracer_provider(services)
+def run_execution(given: Any, store: Store, flow_name: str, run_id: str) -> Iterator[Any]:
+    """Trace one execution of a run: ``invoke_workflow {flow}``, in the run's stored trace (``given``: the
+    run's tracer provider, if any). Yields the span (``NULL_SPAN`` when off), current for everything the
+    execution starts."""
+    provider = tracer_provider(given)
     if provider is None:
         yield NULL_SPAN
         return

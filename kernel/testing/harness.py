@@ -13,11 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import msgspec
 from flowkernel.core.events import Event, NodeComplete, NodeError
 from flowkernel.core.snapshot import RunSnapshot
 from flowkernel.fixtures import MockQuery
 from flowkernel.plugins.registry import Registry, default_registry
 from flowkernel.run.kernel import Kernel
+from flowkernel.run.setup import services_of
 from flowkernel.store.base import Store
 from flowkernel.store.memory import MemoryStore
 
@@ -135,11 +137,11 @@ def _result(kernel: Kernel, snap: RunSnapshot) -> FlowResult:
 def make_kernel(fixtures: str | Path | None = None, *, store: Store | None = None, registry: Registry | None = None,
                 volatile: Iterable[str] = (), services: dict[str, Any] | None = None) -> Kernel:
     """A kernel on ``store`` (default in memory) whose model calls come from ``fixtures``."""
-    extra = dict(services or {})
+    given, tuning = services_of(services)
     if fixtures is not None:
-        extra["query_fn"] = MockQuery(fixtures, volatile=volatile)
+        given = msgspec.structs.replace(given, query_fn=MockQuery(fixtures, volatile=volatile))
     return Kernel(store if store is not None else MemoryStore(), registry=registry or default_registry().copy(),
-                  services=extra)
+                  services=given, tuning=tuning)
 
 
 async def arun_flow(flow: str | Path | dict[str, Any], input: Any = None, *, fixtures: str | Path | None = None,

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from flowkernel.core.node import bindable, check_json_schema
+from flowkernel.core.services import NodeLimits
 from flowkernel.errors import NodeFailure, Problem
 from flowkernel.nodes.claude.caching import mark_cache_breakpoints
 from flowkernel.nodes.claude.models import ADAPTIVE, BUDGET, deprecated_models, traits
@@ -233,13 +234,14 @@ def check_input(data: Any, path: str, problems: list[Problem]) -> None:
         check_json_schema(schema, f"{path}.outputSchema", problems)
 
 
-def parse_config(data: Any, node_id: str, services: dict[str, Any]) -> AgentConfig:
+def parse_config(data: Any, node_id: str, limits: NodeLimits | None = None) -> AgentConfig:
     """The resolved input as an ``AgentConfig``; ``NodeFailure`` listing every problem otherwise."""
     problems: list[Problem] = []
     check_input(data, "input", problems)
     if problems:
         raise NodeFailure(f"node {node_id!r}: invalid claude.agent input: " + "; ".join(map(str, problems)),
                           "invalid_input")
+    limits = limits or NodeLimits()
     thinking = data.get("thinking")
     return AgentConfig(
         prompt=data.get("prompt"),
@@ -252,13 +254,13 @@ def parse_config(data: Any, node_id: str, services: dict[str, Any]) -> AgentConf
         adaptive=bool(thinking) and thinking.get("type") == ADAPTIVE,
         effort=thinking.get("effort") if thinking else None,
         max_turns=data.get("maxTurns", DEFAULT_MAX_TURNS),
-        max_total_turns=data.get("maxTotalTurns", services.get("agent_max_total_turns", DEFAULT_MAX_TOTAL_TURNS)),
+        max_total_turns=data.get("maxTotalTurns", _or(limits.agent_total_turns, DEFAULT_MAX_TOTAL_TURNS)),
         tools=list(data.get("tools") or []),
         output_schema=data.get("outputSchema"),
         output_retries=data.get("outputRetries", DEFAULT_OUTPUT_RETRIES),
         session=data.get("session", "continue"),
         tool_result_max_bytes=data.get("toolResultMaxBytes",
-                                       services.get("tool_result_max_bytes", DEFAULT_TOOL_RESULT_MAX_BYTES)),
+                                       _or(limits.tool_result_bytes, DEFAULT_TOOL_RESULT_MAX_BYTES)),
         cache=data.get("cache", True),
     )
 
@@ -292,3 +294,7 @@ def build_request(cfg: AgentConfig, messages: list[dict[str, Any]],
     elif cfg.thinking_budget is not None:
         req["thinking"] = {"type": "enabled", "budget_tokens": cfg.thinking_budget}
     return mark_cache_breakpoints(req) if cfg.cache else req
+
+
+def _or(value: int | None, default: int) -> int:
+    return default if value is None else value

@@ -24,11 +24,11 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
+from flowkernel.agents.default import calls_the_api, default_query
 from flowkernel.agents.query import ModelMessage, QueryFn
 from flowkernel.agents.tools import ASK_HUMAN, INTERRUPTED_RESULT, Tool, as_tool, result_text, truncate
 from flowkernel.core.events import USAGE_KEYS, AgentComplete, AgentError, AgentStart, AgentTool, AgentUsage
@@ -36,6 +36,7 @@ from flowkernel.core.jsonschemas import instance_errors
 from flowkernel.core.names import KnownNames
 from flowkernel.core.node import INTERRUPTED, Interrupted, WaitFor, unknown_name
 from flowkernel.core.node_context import NodeContext
+from flowkernel.core.services import RunServices
 from flowkernel.errors import NodeFailure, PatternTimeoutError, Problem
 from flowkernel.history.lineage import Lineage, find_lineage
 from flowkernel.nodes.claude import spans
@@ -99,19 +100,15 @@ async def _schema_problem(text: str, schema: dict[str, Any], ctx: NodeContext) -
         value = _parse_json_answer(text)
     except json.JSONDecodeError as exc:
         return None, f"the answer is not JSON ({exc})"
-    from flowkernel.core.expression_scope import EvaluationCancelled, Scope
-    from flowkernel.run.offload import CANCELLED, call_off_loop, expression_limits
 
     def check() -> list[tuple[str, str]]:
         return instance_errors(schema, value, schema_at=f"{ctx.node_id}.input.outputSchema")
 
     try:
-        errors = await call_off_loop(Scope(expression_limits(ctx.services)), check)
+        errors = await ctx.off_loop(check)
     except PatternTimeoutError as exc:  # the schema's fault, not the answer's: asking again would not help
         raise NodeFailure(f"node {ctx.node_id!r}: checking the answer against outputSchema: "
                           f"{exc.where.lstrip('.') or '(root)'}: {exc}", "error_output_schema") from None
-    if errors is CANCELLED:
-        raise EvaluationCancelled
     if errors:
         return value, "; ".join(f"{where.lstrip('.') or '(root)'}: {message}" for where, message in errors)
     return value, None
@@ -126,16 +123,13 @@ class ClaudeAgentNode:
     cooperative_pause = True
     takes_messages = True  # a send is a user message at the next turn boundary
 
-    def __init__(self) -> None:
-        self._default_query: QueryFn | None = None
-
     def check(self, raw_input: dict[str, Any], path: str, problems: list[Problem]) -> None:
         check_input(raw_input, path, problems)
 
-    def unavailable(self, who: str, services: Mapping[str, Any]) -> str | None:
+    def unavailable(self, who: str, services: RunServices) -> str | None:
         """Why ``who`` cannot run in a process with ``services``: its model calls would go to the API
-        (no query function given) and no credentials are set."""
-        if services.get("query_fn") is not None:
+        (the default query function) and no credentials are set."""
+        if not calls_the_api(services.query_fn):
             return None
         from flowkernel.agents.credentials import missing_credentials
 
@@ -154,22 +148,12 @@ class ClaudeAgentNode:
                                         + "; register it with --plugin MODULE, the flowkernel.tools entry point "
                                         "or Registry.add_tool"))
 
-    def _query_fn(self, ctx: NodeContext) -> QueryFn:
-        given = ctx.services.get("query_fn")
-        if given is not None:
-            return given  # type: ignore[no-any-return]
-        if self._default_query is None:
-            from flowkernel.agents.anthropic import (
-                AnthropicQuery,  # the SDK loads only when a model is called
-            )
-
-            self._default_query = AnthropicQuery()
-        return self._default_query
-
     async def run(self, ctx: NodeContext) -> Any:
-        cfg = parse_config(ctx.input, ctx.node_id, ctx.services)
+        cfg = parse_config(ctx.input, ctx.node_id, ctx.services.limits)
+        # The run's query function, chosen by the shell (flowkernel.run.setup.query_for).
+        query: QueryFn = ctx.services.query_fn or default_query()
         with spans.agent(ctx.node_id, ctx.run_id, cfg.model) as span:
-            output = await _Execution(ctx, cfg, self._query_fn(ctx)).run()
+            output = await _Execution(ctx, cfg, query).run()
             spans.agent_done(span, output)
         return output
 
@@ -182,7 +166,7 @@ class _Execution:
         self.cfg = cfg
         self.query = query
         self.tools = self._resolve_tools()
-        self.tally = _Tally(price_table(ctx.services.get("prices")))
+        self.tally = _Tally(price_table(ctx.services.prices))
         self.turns = 0
         self.schema_tries = 0
         self.pass_calls = 0  # model calls of this pass that the node runs this one continues made
