@@ -20,6 +20,7 @@ import pytest
 from flowkernel.agents.tools import INTERRUPTED_RESULT
 from flowkernel.core.events import AgentTool, StatePatch
 from flowkernel.run.kernel import Kernel
+from flowkernel.store.memory import MemoryStore
 
 from tests.crash_support import (
     EXAMPLES,
@@ -79,13 +80,14 @@ def test_a_node_run_sees_its_own_patches_before_it_completes_and_others_see_them
         with anyio.fail_after(10):  # until both patches are stored
             while sum(b'"state:patch"' in b for b in ctx.store.read_events(ctx.flow_run_id)) < 2:
                 await anyio.sleep(0.002)
-        seen["stored"] = ctx.services["kernel"].snapshot(ctx.flow_run_id)
+        seen["stored"] = kernel.snapshot(ctx.flow_run_id)
         return "ok"
 
     doc = {"name": "own", "state": {"initial": {"xs": [1]}},
            "nodes": [py("writer", "writer"), {"id": "reader", "type": "transform", "input": {"expr": "state"}}],
            "edges": [{"from": "writer", "to": "reader"}]}
-    _, snap, _ = run_flow(doc, reg=registry(writer=writer))
+    kernel = Kernel(MemoryStore(), registry=registry(writer=writer))
+    snap = anyio.run(kernel.run, kernel.compile(doc))
     assert seen["own"] == {"xs": [1, 4], "meta": {"by": "writer"}}
     stored = seen["stored"]
     assert stored.state == {"xs": [1]}, "the run's state changes when the node run completes"
@@ -136,14 +138,16 @@ def test_patches_of_a_node_type_that_continues_from_its_progress_apply_at_once()
         async def run(self, ctx: Any) -> Any:
             ctx.patch_state("set", "progress", 1)
             with anyio.fail_after(10):  # the patch is in the run's state before the node run ends
-                while ctx.services["kernel"].snapshot(ctx.flow_run_id).state.get("progress") != 1:
+                while kernel.snapshot(ctx.flow_run_id).state.get("progress") != 1:
                     await anyio.sleep(0.002)
             seen.append(True)
             return "done"
 
     reg = registry()
     reg.add_node_type(Stepper)
-    _, snap, events = run_flow({"name": "steps", "nodes": [{"id": "s", "type": "stepper", "input": {}}]}, reg=reg)
+    kernel = Kernel(MemoryStore(), registry=reg)
+    snap = anyio.run(kernel.run, kernel.compile({"name": "steps", "nodes": [{"id": "s", "type": "stepper", "input": {}}]}))
+    events = kernel.events(snap.runId)
     patch = next(e for e in events if isinstance(e, StatePatch))
     assert patch.staged is False and seen == [True]
     assert snap.state == {"progress": 1} and snap.staged == {}

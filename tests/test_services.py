@@ -40,7 +40,7 @@ def test_every_documented_service_key_lands_in_its_typed_field() -> None:
     assert (s.query_fn, s.fixtures, s.tracer_provider, s.prices, s.expression_limits) == \
         (a_query, "fx", provider, prices, limits)
     assert s.limits == NodeLimits(flow_depth=3, agent_total_turns=40, tool_result_bytes=512)
-    assert s.extra == {"kernel": kernel}  # the given "kernel" is ignored (flow.call's until it has ctx.children)
+    assert s.extra == {}  # "kernel" was flow.call's way to its child runs: it has ctx.children now
     assert kernel.tuning == Tuning(observability_commit_ms=0, budget_poll_s=0.25, pause_grace_s=2)
 
 

@@ -1,5 +1,5 @@
-"""What a node type sees of its run: the ``NodeContext`` Protocol (one per node run), and the store as a
-node run sees it (``NodeStore``). The run shell implements them (``flowkernel.run.node_context``); a node
+"""What a node type sees of its run: the ``NodeContext`` Protocol (one per node run), the store as a
+node run sees it (``NodeStore``) and the child runs it may start (``ChildRuns``). The run shell implements them (``flowkernel.run.node_context``); a node
 type imports them from here, and so never depends on the shell that runs it.
 """
 
@@ -9,12 +9,15 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
+    from flowkernel.core.commands import Command
     from flowkernel.core.compiler import CompiledFlow
     from flowkernel.core.events import BaseEvent
     from flowkernel.core.expressions import Expr
     from flowkernel.core.names import Registered
     from flowkernel.core.services import RunServices
-    from flowkernel.core.snapshot import InboxMessage
+    from flowkernel.core.snapshot import InboxMessage, RunSnapshot
 
 T = TypeVar("T")
 
@@ -73,6 +76,11 @@ class NodeContext(Protocol):
     def services(self) -> RunServices:
         """What the run uses from the process that executes it: ``query_fn``, ``fixtures``, ``prices``,
         expression and node limits, and what the embedding program added (``extra``)."""
+        ...
+
+    @property
+    def children(self) -> ChildRuns:
+        """Child runs of this node run (``flow.call``)."""
         ...
 
     @property
@@ -136,4 +144,43 @@ class NodeContext(Protocol):
 
     async def evaluate(self, expr: Expr, context: Any, variables: Any) -> Any:
         """Evaluate ``expr`` over ``context`` and ``variables`` off the event loop (``off_loop``)."""
+        ...
+
+
+class ChildRuns(Protocol):
+    """What a node run may do with child runs of its run (``flow.call``), and nothing else of the Kernel:
+    load a child flow, start a child run, find the one an earlier node run of this pass started, drive
+    it until it stops, and command it."""
+
+    def ancestry(self) -> list[str]:
+        """The flow names of this run and of the runs above it, this run's first."""
+        ...
+
+    def load(self, path: Path) -> CompiledFlow:
+        """Read and validate a child flow file with the names this run's registry knows."""
+        ...
+
+    def adopt(self) -> str | None:
+        """The child run an earlier node run of this pass started (before a pause or a crash), if any."""
+        ...
+
+    def create(self, flow: CompiledFlow, input: Any) -> str:
+        """Store a new child run of ``flow`` for this node run (``parentRunId``, ``parentNodeRunId``)."""
+        ...
+
+    async def drive(self, child_id: str, *, adopted: bool, resume_message: str | None,
+                    raised_budget: float | None) -> RunSnapshot:
+        """Execute the child run until it stops and return its snapshot: a paused child is resumed (with
+        ``resume_message``, and ``raised_budget`` when it paused for a budget below it), a failed one
+        retried, an adopted one still ``running`` resumed, a waiting one continued once a reply is in
+        its inbox; a stopped one is only read. A child that another process executes is not taken."""
+        ...
+
+    async def command(self, child_id: str, command: Command) -> None:
+        """Deliver a command to the child run (a pause or an abort cascading to it); raises
+        ``CommandRejectedError`` when it is refused (the child stopped already)."""
+        ...
+
+    def snapshot(self, child_id: str) -> RunSnapshot:
+        """The child run's snapshot now."""
         ...

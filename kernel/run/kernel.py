@@ -37,6 +37,7 @@ from flowkernel.core.events import (
     encoder,
 )
 from flowkernel.core.nesting import MAX_DEPTH
+from flowkernel.core.node_context import ChildRuns
 from flowkernel.core.nonfinite import loads_strict
 from flowkernel.core.reducer import FlowLookup, fold, initial_snapshot
 from flowkernel.core.services import RunServices
@@ -59,9 +60,11 @@ from flowkernel.history.agent_runs import AgentRunFold
 from flowkernel.ids import new_run_id, now_ms
 from flowkernel.plugins.registry import Registry, default_registry
 from flowkernel.redaction import holds_secret, redact_bytes
+from flowkernel.run.children import KernelChildren
 from flowkernel.run.committer import Committer
 from flowkernel.run.gc_pause import collector_paused
 from flowkernel.run.loop import COMMAND_POLL_S, EventListener, RunExecution
+from flowkernel.run.node_context import ShellNodeContext
 from flowkernel.run.settings import RunSettings, import_plugins
 from flowkernel.run.setup import query_for, services_of
 from flowkernel.run.tuning import Tuning
@@ -171,8 +174,6 @@ class Kernel:
         self.registry = registry or default_registry()
         # Read (and checked) before any run is created: a bad FLOWKERNEL_EXPR_* is an input error.
         self.services, self.tuning = services_of(services, tuning)
-        # flow.call's child runs, until node contexts carry the capability of their own.
-        self.services = msgspec.structs.replace(self.services, extra={**self.services.extra, "kernel": self})
         self.settings = settings or RunSettings()
         self._mocks: dict[str, Any] = {}
         self.owner = _owner_id()
@@ -750,6 +751,7 @@ class Kernel:
         run_id = snap.runId
         execution = RunExecution(flow=flow, snapshot=snap, store=self.store, registry=self.registry,
                                  listeners=[on_event] if on_event else [], services=services, tuning=self.tuning,
+                                 children=self._children_of,
                                  checkpoint_size=checkpoint_size, lease=lease, committer=self._committer)
         self._executing[run_id] = execution
         if on_execution is not None:
@@ -778,6 +780,11 @@ class Kernel:
         if final.parentRunId and final.status in ("completed", "failed", "aborted"):
             await self._wake_parent(final)
         return final
+
+    def _children_of(self, ctx: ShellNodeContext) -> ChildRuns:
+        """``ctx.children``: the child runs of one node run, over this kernel."""
+        return KernelChildren(self, run_id=ctx.flow_run_id, node_id=ctx.node_id, node_run_id=ctx.run_id,
+                              item=ctx.item, resumed_from=ctx.resumed_from)
 
     def executing(self, run_id: str) -> RunExecution | None:
         """The execution of ``run_id`` in this kernel, if there is one."""

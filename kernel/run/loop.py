@@ -52,12 +52,13 @@ from flowkernel.core.events import (
 from flowkernel.core.expression_scope import INLINE_ONLY, NeedsThread, Scope, limits_from_env, set_scope
 from flowkernel.core.expressions import is_constant
 from flowkernel.core.node import Interrupted, WaitFor
+from flowkernel.core.node_context import ChildRuns
 from flowkernel.core.nonfinite import check_encoded, refuse_non_finite
 from flowkernel.core.reducer import ALL, apply, own
 from flowkernel.core.scheduling import Decision, Progress, awake, decide
 from flowkernel.core.services import RunServices
 from flowkernel.core.snapshot import InboxMessage, RunSnapshot
-from flowkernel.errors import FlowkernelError, LeaseLostError, NodeFailure, StoreError
+from flowkernel.errors import FlowkernelError, KernelFault, LeaseLostError, NodeFailure, StoreError
 from flowkernel.history.agent_runs import FOLDED, AgentRunFold
 from flowkernel.ids import new_node_run_id
 from flowkernel.plugins.registry import Registry
@@ -137,13 +138,15 @@ class RunExecution:
     def __init__(self, *, flow: CompiledFlow, snapshot: RunSnapshot, store: Store, registry: Registry,
                  listeners: list[EventListener] | None = None, services: RunServices | None = None,
                  tuning: Tuning | None = None, checkpoint_size: int = 0, lease: Lease | None = None,
-                 committer: Committer | None = None) -> None:
+                 committer: Committer | None = None,
+                 children: Callable[[ShellNodeContext], ChildRuns] | None = None) -> None:
         self.flow = flow
         self.registry = registry
         self.store = store
         self.snap = own(snapshot)  # applied in place from here on: nobody else holds its maps
         self._services = services or RunServices()
         self._tuning = tuning or Tuning()
+        self._children = children
         self._listeners = listeners or []
         # What node runs and commands hand to the loop, in order; ``_wakeup`` is set while it waits.
         self._queue: deque[_Message] = deque()
@@ -208,6 +211,12 @@ class RunExecution:
     @property
     def services(self) -> RunServices:
         return self._services
+
+    def children_for(self, ctx: ShellNodeContext) -> ChildRuns:
+        """The child runs a node run may start (given by the Kernel that executes this run)."""
+        if self._children is None:
+            raise KernelFault("this execution of the run cannot start child runs (it was made without a Kernel)")
+        return self._children(ctx)
 
     def current_state(self) -> dict[str, Any]:
         return self.snap.state

@@ -16,6 +16,7 @@ from flowkernel.errors import NodeFailure
 if TYPE_CHECKING:
     from flowkernel.core.compiler import CompiledFlow
     from flowkernel.core.expressions import Expr
+    from flowkernel.core.node_context import ChildRuns
     from flowkernel.core.services import RunServices
     from flowkernel.plugins.registry import Registry
     from flowkernel.store.base import Store
@@ -53,6 +54,8 @@ class Shell(Protocol):
     @property
     def services(self) -> RunServices: ...
 
+    def children_for(self, ctx: ShellNodeContext) -> ChildRuns: ...
+
 
 class ShellNodeContext:
     """Everything a running node may see and do (``flowkernel.core.node_context.NodeContext``). One per node run."""
@@ -70,6 +73,7 @@ class ShellNodeContext:
         self._patches: list[tuple[str, str, Any]] = []  # this node run's own, staged until it finishes
         self._view: tuple[dict[str, Any], dict[str, Any]] | None = None  # (run state, it with our patches)
         self._cooperative: bool | None = None
+        self._children: ChildRuns | None = None
 
     @property
     def flow(self) -> CompiledFlow:
@@ -88,6 +92,13 @@ class ShellNodeContext:
     def services(self) -> RunServices:
         """What the run uses (``query_fn``, ``fixtures``, ``prices``, limits, ``extra``)."""
         return self._shell.services
+
+    @property
+    def children(self) -> ChildRuns:
+        """Child runs of this node run (``flow.call``)."""
+        if self._children is None:
+            self._children = self._shell.children_for(self)
+        return self._children
 
     @property
     def raw_input(self) -> dict[str, Any]:
