@@ -77,10 +77,12 @@ def opened(args: argparse.Namespace, *, create: bool = False, readonly: bool = F
 
 
 def kernel_for(args: argparse.Namespace, *, create: bool = False, readonly: bool = False) -> Kernel:
+    from flowkernel.history.agent_runs import AgentRunBackfill
     from flowkernel.run.kernel import Kernel
     from flowkernel.store.open import open_store
 
-    return Kernel(open_store(args.db, create=create, readonly=readonly), settings=settings_of(args))
+    return Kernel(open_store(args.db, create=create, readonly=readonly, backfill=AgentRunBackfill()),
+                  settings=settings_of(args))
 
 
 def settings_of(args: argparse.Namespace) -> RunSettings:

@@ -192,6 +192,16 @@ def fold_agent_runs(flow: CompiledFlow, events: Sequence[BaseEvent], *,
     return list(fold.rows.values())
 
 
+class AgentRunBackfill:
+    """The ``Backfill`` a store migrating from before schema 9 folds agent runs with (``flowkernel.store.base``)."""
+
+    def wants(self, document: str) -> bool:
+        return any(f'"{t}"' in document for t in AGENT_NODE_TYPES)
+
+    def __call__(self, document: str, bodies: Sequence[bytes]) -> list[AgentRun]:
+        return fold_stored(document, bodies)
+
+
 def fold_stored(document: str, bodies: Sequence[bytes]) -> list[AgentRun]:
     """The agent runs of a stored run, from its flow document (as stored) and its event bodies."""
     import json

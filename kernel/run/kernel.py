@@ -56,7 +56,7 @@ from flowkernel.errors import (
 )
 from flowkernel.flowfiles.load import load_flow
 from flowkernel.flowfiles.tree import first_unavailable
-from flowkernel.history.agent_runs import AgentRunFold
+from flowkernel.history.agent_runs import AgentRunBackfill, AgentRunFold
 from flowkernel.ids import new_run_id, now_ms
 from flowkernel.plugins.registry import Registry, default_registry
 from flowkernel.redaction import holds_secret, redact_bytes
@@ -170,7 +170,9 @@ class Kernel:
         the shell runs them. ``settings``: how this process was told to execute runs (``--fixtures``,
         ``--plugin``). Runs it creates keep them; runs it continues keep theirs, with these replacing what
         they set."""
-        self.store: Store = store if store is not None and not isinstance(store, str) else open_store(store)
+        # A database from before agent runs were stored gets them folded from its logs as it opens.
+        self.store: Store = store if store is not None and not isinstance(store, str) else \
+            open_store(store, backfill=AgentRunBackfill())
         self.registry = registry or default_registry()
         # Read (and checked) before any run is created: a bad FLOWKERNEL_EXPR_* is an input error.
         self.services, self.tuning = services_of(services, tuning)

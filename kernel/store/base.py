@@ -157,6 +157,21 @@ class Listener(Protocol):
     def close(self) -> None: ...
 
 
+class Backfill(Protocol):
+    """What folds a stored run's agent runs from its log: needed once, when a database from before schema 9
+    (which had no agent-run rows) is migrated. The store knows no node type and no read model, so who
+    opens the store hands it in (``flowkernel.history.agent_runs.AgentRunBackfill``: the flowkernel
+    command and ``Kernel(url)`` do)."""
+
+    def wants(self, document: str) -> bool:
+        """Whether runs of this stored flow document (its canonical JSON) may have agent runs."""
+        ...
+
+    def __call__(self, document: str, bodies: Sequence[bytes]) -> list[AgentRun]:
+        """The agent runs of one run of that flow, from its stored event bodies in seq order."""
+        ...
+
+
 class Store(Protocol):
     """Where runs live. Implementations: MemoryStore, SqliteStore, PostgresStore."""
 

@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from flowkernel.errors import StoreError
+from flowkernel.store.base import Backfill
 from flowkernel.store.sql.store import SCHEMA_VERSION, SqlStore, migrations, schema
 
 if TYPE_CHECKING:
@@ -75,9 +76,9 @@ class PostgresStore(SqlStore):
     _row_lock: ClassVar[str] = " FOR UPDATE"
     _sql_one_snapshot: ClassVar[str] = "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ"
 
-    def __init__(self, url: str, *, connect_timeout_s: int = 10) -> None:
+    def __init__(self, url: str, *, connect_timeout_s: int = 10, backfill: Backfill | None = None) -> None:
         self.url = url
-        super().__init__(redact(url))
+        super().__init__(redact(url), backfill=backfill)
         try:
             import psycopg
             from psycopg import conninfo

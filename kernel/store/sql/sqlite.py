@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from flowkernel.errors import StoreError
+from flowkernel.store.base import Backfill
 from flowkernel.store.sql.store import SCHEMA_VERSION, SqlStore, migrations, schema
 
 __all__ = ["SCHEMA", "SCHEMA_VERSION", "SqliteStore"]
@@ -32,10 +33,12 @@ class SqliteStore(SqlStore):
     _RUN_EXISTS: ClassVar[str | None] = None
     _OUT_OF_ORDER: ClassVar[str] = "run {run}: events out of order ({detail}); is another process executing it?"
 
-    def __init__(self, path: str | Path, *, create: bool = True, readonly: bool = False) -> None:
-        """``readonly``: only read (``runs``, ``show``, ``events``), which works on a read-only mount too."""
+    def __init__(self, path: str | Path, *, create: bool = True, readonly: bool = False,
+                 backfill: Backfill | None = None) -> None:
+        """``readonly``: only read (``runs``, ``show``, ``events``), which works on a read-only mount too.
+        ``backfill``: what folds agent runs if the file is from before they were stored (``Backfill``)."""
         self.path = Path(path)
-        super().__init__(str(self.path))
+        super().__init__(str(self.path), backfill=backfill)
         if (readonly or not create) and not self.path.exists():
             raise StoreError(f"{self.path}: no such database; a run creates it")
         if self.path.exists() and self.path.is_dir():

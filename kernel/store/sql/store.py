@@ -23,6 +23,7 @@ from flowkernel.errors import LeaseLostError, StoreError, UnknownRunError
 from flowkernel.ids import now_ms
 from flowkernel.store.base import (
     AgentRun,
+    Backfill,
     Claim,
     CommandRow,
     CommitRequest,
@@ -362,8 +363,9 @@ class SqlStore(SqlArchive, ABC):
                 if name.startswith("_sql_") and isinstance(value := getattr(cls, name), str):
                     setattr(cls, name, value.replace("?", cls.param))
 
-    def __init__(self, location: str) -> None:
+    def __init__(self, location: str, *, backfill: Backfill | None = None) -> None:
         self.location = location
+        self._backfill = backfill  # folds agent runs when a database from before schema 9 is migrated
         # (status, error) last written to each run's row by this store: ``commit`` skips the UPDATE when unchanged.
         self._known_status: dict[str, tuple[str, str | None]] = {}
         self._run_nos: dict[str, int] = {}  # run id -> run number (the high half of its events' keys)
@@ -469,19 +471,26 @@ class SqlStore(SqlArchive, ABC):
 
     def _backfill_agent_runs(self, db: Any) -> None:
         """Called while migrating a database from before version 9, whose agent runs have no rows yet:
-        fold them from the logs of the runs of flows with an agent node, once."""
-        from flowkernel.history.agent_runs import AGENT_NODE_TYPES, fold_stored
-
+        fold them from the logs of the runs of flows with an agent node, once (with the ``backfill``
+        this store was opened with; without one, a database that has runs is refused, unchanged)."""
+        backfill = self._backfill
+        if backfill is None:
+            if db.execute("SELECT 1 FROM runs LIMIT 1").fetchone() is not None:
+                raise StoreError(f"{self.location}: this database is from before agent runs were stored (schema "
+                                 f"older than 9), and this store was opened without what folds them from its "
+                                 f"runs' logs; open it once with the flowkernel command or Kernel(url), or pass "
+                                 f"backfill=flowkernel.history.agent_runs.AgentRunBackfill(registry)")
+            return
         p = self.param
         for flow_hash, document in db.execute("SELECT hash, document FROM flows").fetchall():
-            if not any(f'"{t}"' in document for t in AGENT_NODE_TYPES):
+            if not backfill.wants(document):
                 continue
             for (run_no,) in db.execute(f"SELECT run_no FROM runs WHERE flow_hash = {p}", (flow_hash,)).fetchall():
                 if run_no is None:
                     continue
                 base = int(run_no) * RUN_SPAN
                 bodies = [self._dec(r[0]) for r in db.execute(self._sql_read_events, (base, base + RUN_SPAN - 1))]
-                self._write_agent_runs(db, fold_stored(document, bodies))
+                self._write_agent_runs(db, backfill(document, bodies))
 
     def _write_agent_runs(self, db: Any, rows: Sequence[AgentRun]) -> None:
         """Update the agent runs that are stored, insert the others (their keys in commit order)."""
