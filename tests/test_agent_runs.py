@@ -172,7 +172,8 @@ def test_the_audit_notices_an_agent_run_that_disagrees_with_the_log(tmp_path: Pa
     kernel = make_kernel(tmp_path, fake)
     snap = anyio.run(kernel.run, kernel.compile(agent_flow(prompt="hi")), {})
     flow = kernel.flow_of(snap.runId)
-    assert [r.agentRunId for r in fold_agent_runs(flow, kernel.events(snap.runId))] == [snap.nodeRuns["agent"]]
+    assert [r.agentRunId for r in fold_agent_runs(flow, kernel.events(snap.runId), agent_types=kernel.registry)] == \
+        [snap.nodeRuns["agent"]]
     audit_run(kernel.store, snap.runId)
     raw = sqlite3.connect(tmp_path / "runs.db")
     raw.execute("UPDATE agent_runs SET input_tokens = 4")

@@ -201,7 +201,7 @@ def test_a_fixture_run_makes_no_network_connection(tmp_path: Path, monkeypatch: 
 def test_fixtures_from_a_stored_run_serve_the_same_run_again(tmp_path: Path) -> None:
     first = run_flow(ROOT / "flows" / "review-loop.json", {"feature": "CSV export"},
                      fixtures=ROOT / "fixtures" / "review-loop")
-    docs = fixtures_from_run(first.kernel.store, first.run_id)
+    docs = fixtures_from_run(first.kernel.store, first.run_id, node_types=first.kernel.registry.node_types)
     assert sorted(docs) == ["coder", "planner", "reviewer"]
     recorded = json.loads((ROOT / "fixtures" / "review-loop" / "coder.json").read_text())
     assert [c["input"] for c in docs["coder"]["calls"]] == [c["input"] for c in recorded["calls"]]

@@ -56,7 +56,8 @@ def test_recorded_fixtures_reproduce_the_same_events_and_outputs(tmp_path: Path)
     assert strip(second.outputs) == strip(first.outputs)
 
     # the stored run alone (conversation + events) gives the same requests and streams
-    from_store = fixtures_from_run(live.store, first.runId, tools=live.registry.tools)
+    from_store = fixtures_from_run(live.store, first.runId, node_types=live.registry.node_types,
+                                   tools=live.registry.tools)
     for node, doc in recorder.files().items():
         assert [c["input"] for c in from_store[node]["calls"]] == [c["input"] for c in doc["calls"]]
         assert [c["events"] for c in from_store[node]["calls"]] == [c["events"] for c in doc["calls"]]

@@ -15,7 +15,7 @@ Kernel, else the run's fixtures, else the default. Node types call ``ctx.service
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol, TypedDict
 
 from flowkernel.core.events import BaseEvent
@@ -49,4 +49,4 @@ class ReplaysRequests(Protocol):
     what request body its node sent for a conversation, as a fixture's ``input`` records it."""
 
     def request_for(self, node_input: Any, node_id: str, messages: list[dict[str, Any]],
-                    tools: list[dict[str, Any]]) -> dict[str, Any]: ...
+                    tools: Mapping[str, Any]) -> dict[str, Any]: ...

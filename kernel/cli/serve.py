@@ -63,6 +63,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from flowkernel.core.services import RunServices
     from flowkernel.history.agent_runs import AgentRunBackfill
+    from flowkernel.plugins.registry import default_registry
     from flowkernel.run.kernel import Kernel
     from flowkernel.store.open import open_store
 
@@ -70,7 +71,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if not Path(folder).is_dir():
             print(f"flowkernel: --flows {folder}: no such folder", file=sys.stderr)
             return EXIT_INVALID
-    store = open_store(args.db, create=True, backfill=AgentRunBackfill())
+    store = open_store(args.db, create=True, backfill=AgentRunBackfill(default_registry()))
     # The event feed reads through a connection of its own: SQLite tells a connection about the
     # commits of the others, not its own.
     feed_store = store if store.location == "memory" else open_store(args.db)

@@ -78,10 +78,11 @@ def opened(args: argparse.Namespace, *, create: bool = False, readonly: bool = F
 
 def kernel_for(args: argparse.Namespace, *, create: bool = False, readonly: bool = False) -> Kernel:
     from flowkernel.history.agent_runs import AgentRunBackfill
+    from flowkernel.plugins.registry import default_registry
     from flowkernel.run.kernel import Kernel
     from flowkernel.store.open import open_store
 
-    return Kernel(open_store(args.db, create=create, readonly=readonly, backfill=AgentRunBackfill()),
+    return Kernel(open_store(args.db, create=create, readonly=readonly, backfill=AgentRunBackfill(default_registry())),
                   settings=settings_of(args))
 
 

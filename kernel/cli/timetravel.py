@@ -48,7 +48,8 @@ def cmd_fixtures(args: argparse.Namespace) -> int:
 
     with opened(args) as kernel:
         kernel.load_plugins_of(args.run)  # the run's tools, whose definitions its requests held
-        documents = fixtures_from_run(kernel.store, args.run, tools=kernel.registry.tools)
+        documents = fixtures_from_run(kernel.store, args.run, node_types=kernel.registry.node_types,
+                                      tools=kernel.registry.tools)
         if not documents:
             print(f"flowkernel: run {args.run} made no model calls; nothing to write", file=sys.stderr)
             return EXIT_OK

@@ -33,6 +33,7 @@ def add_parsers(sub: Any) -> None:
 def cmd_worker(args: argparse.Namespace) -> int:
     from flowkernel.core.services import RunServices
     from flowkernel.history.agent_runs import AgentRunBackfill
+    from flowkernel.plugins.registry import default_registry
     from flowkernel.run.kernel import Kernel
     from flowkernel.store.open import open_store
     from flowkernel.workers.worker import Worker
@@ -42,7 +43,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         from flowkernel.fixtures.library import FixtureLibrary
 
         services = RunServices(query_fn=FixtureLibrary(args.fixtures), fixtures=args.fixtures)
-    kernel = Kernel(open_store(args.db, create=True, backfill=AgentRunBackfill()), services=services,
+    kernel = Kernel(open_store(args.db, create=True, backfill=AgentRunBackfill(default_registry())), services=services,
                     lease_ttl_ms=int(args.lease_s * 1000))
     worker = Worker(kernel, concurrency=args.concurrency, grace_s=args.grace_s)
     try:

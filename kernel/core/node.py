@@ -58,6 +58,19 @@ class NodeType(Protocol):
     async def run(self, ctx: NodeContext) -> Any: ...
 
 
+@runtime_checkable
+class RecordsAgentRuns(Protocol):
+    """A node type whose node runs are agent runs (DESIGN §10: ``agent_runs``, ``flowkernel agents``):
+    it sets ``records_agent_runs = True`` and says how many model calls (steps) one node run may make.
+    The read models fold its node runs from the log by this declaration alone, knowing no node type."""
+
+    records_agent_runs: bool
+
+    def max_steps(self, node_input: Any) -> int | None:
+        """The step budget of a node run with this (resolved) input, for its agent run's ``maxSteps``."""
+        ...
+
+
 class CheckedNodeType(NodeType, Protocol):
     """A node type that also checks its (unresolved) input when the flow is loaded.
 

@@ -1,4 +1,8 @@
-"""Agent runs (DESIGN §10): one per node run of a ``claude.agent`` node, folded from the run's events.
+"""Agent runs (DESIGN §10): one per node run of an agent node, folded from the run's events.
+
+An agent node is one whose node type declares ``records_agent_runs`` (``claude.agent`` does;
+``flowkernel.core.node.RecordsAgentRuns``); the fold asks an ``AgentTypes`` (a registry) by type name,
+and knows no node type itself.
 
 An agent run is what one node run of an agent did: when it started and ended, how it ended, how many
 model calls it made and what they cost. Its id is the node run id (``nr_…``), the ``runId`` of its
@@ -20,7 +24,7 @@ stored messages and tool calls. Everything here is a fold of the event log:
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 from flowkernel.core.compiler import CompiledFlow
@@ -45,7 +49,6 @@ from flowkernel.core.reducer import FlowLookup, apply, initial_snapshot, own
 from flowkernel.core.snapshot import RunSnapshot
 from flowkernel.store.base import AgentRun, Store
 
-AGENT_NODE_TYPES = frozenset({"claude.agent"})
 # The events that change agent runs: the shell folds only these.
 FOLDED = frozenset({NodeStart, NodeComplete, NodeError, NodeWaiting, AgentStart, AgentUsage, AgentComplete,
                     FlowStart, FlowPaused, FlowResumed, FlowComplete, LoopIterate})
@@ -53,13 +56,12 @@ STATUSES = ("running", "waiting", "completed", "failed", "interrupted")
 OPEN = frozenset({"running", "waiting"})  # statuses a later event can still change
 
 
-def _max_steps(node_input: Any) -> int | None:
-    value = node_input.get("maxTurns") if isinstance(node_input, dict) else None
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    from flowkernel.nodes.claude.config import DEFAULT_MAX_TURNS
+class AgentTypes(Protocol):
+    """Which node types record agent runs, by type name (``flowkernel.plugins.registry.Registry`` is one)."""
 
-    return DEFAULT_MAX_TURNS
+    def records_agent_runs(self, type_name: str) -> bool: ...
+
+    def agent_max_steps(self, type_name: str, node_input: Any) -> int | None: ...
 
 
 class AgentRunFold:
@@ -70,27 +72,31 @@ class AgentRunFold:
     """
 
     def __init__(self, flow: CompiledFlow, run_id: str, parent_run_id: str | None,
-                 rows: Iterable[AgentRun] = ()) -> None:
+                 rows: Iterable[AgentRun] = (), *, agent_types: AgentTypes) -> None:
         self.run_id = run_id
         self.parent_run_id = parent_run_id
-        self.agent_nodes = frozenset(n for n, node in flow.nodes.items() if node.type in AGENT_NODE_TYPES)
+        self._types = agent_types
+        self.agent_nodes = agent_nodes(flow, agent_types)
+        self._node_types = {n: node.type for n, node in flow.nodes.items()}
         self._reset_sets = flow.reset_sets
         self.rows: dict[str, AgentRun] = {r.agentRunId: r for r in rows}
         self._dirty: set[str] = set()
 
     def follow(self, flow: CompiledFlow) -> None:
         """From here on the run follows ``flow`` (a ``flow:updated``)."""
-        self.agent_nodes = frozenset(n for n, node in flow.nodes.items() if node.type in AGENT_NODE_TYPES)
+        self.agent_nodes = agent_nodes(flow, self._types)
+        self._node_types = {n: node.type for n, node in flow.nodes.items()}
         self._reset_sets = flow.reset_sets
 
     @classmethod
-    def for_run(cls, flow: CompiledFlow, snap: RunSnapshot, store: Store) -> AgentRunFold | None:
+    def for_run(cls, flow: CompiledFlow, snap: RunSnapshot, store: Store,
+                agent_types: AgentTypes) -> AgentRunFold | None:
         """The fold that continues ``snap``'s run from its stored open agent runs; None if its flow has
         no agent node (nothing to keep)."""
-        if not any(node.type in AGENT_NODE_TYPES for node in flow.nodes.values()):
+        if not agent_nodes(flow, agent_types):
             return None
         rows = [r for _, r in store.list_agent_runs(run_id=snap.runId, open_only=True, limit=2**31)]
-        return cls(flow, snap.runId, snap.parentRunId, rows)
+        return cls(flow, snap.runId, snap.parentRunId, rows, agent_types=agent_types)
 
     def apply(self, before: RunSnapshot | None, ev: BaseEvent) -> None:
         """Fold ``ev``; ``before`` is the run's snapshot just before it (``None`` for ``flow:start``)."""
@@ -144,7 +150,8 @@ class AgentRunFold:
         run_id = ev.runId or ""
         self.rows[run_id] = AgentRun(agentRunId=run_id, runId=self.run_id, agentId=n, status="running",
                                      createdAt=ev.timestamp, attempt=ev.attempt, item=ev.item,
-                                     maxSteps=_max_steps(ev.input), resumedFrom=ev.resumedFrom,
+                                     maxSteps=self._types.agent_max_steps(self._node_types[n], ev.input),
+                                     resumedFrom=ev.resumedFrom,
                                      parentRunId=self.parent_run_id, usage=dict.fromkeys(USAGE_KEYS, 0))
         self._dirty.add(run_id)
 
@@ -170,13 +177,19 @@ class AgentRunFold:
         return [msgspec.structs.replace(r, usage=dict(r.usage)) for r in out]
 
 
-def fold_agent_runs(flow: CompiledFlow, events: Sequence[BaseEvent], *,
+def agent_nodes(flow: CompiledFlow, agent_types: AgentTypes) -> frozenset[str]:
+    """The nodes of ``flow`` whose node runs are agent runs."""
+    records = {t: agent_types.records_agent_runs(t) for t in {node.type for node in flow.nodes.values()}}
+    return frozenset(n for n, node in flow.nodes.items() if records[node.type])
+
+
+def fold_agent_runs(flow: CompiledFlow, events: Sequence[BaseEvent], *, agent_types: AgentTypes,
                     flows: FlowLookup | None = None) -> list[AgentRun]:
     """Every agent run of a run, from its whole log, in the order they started: what the table holds.
     ``flow`` and ``flows`` as for ``flowkernel.core.reducer.fold``."""
     if not events:
         return []
-    fold = AgentRunFold(flow, events[0].flowRunId, None)
+    fold = AgentRunFold(flow, events[0].flowRunId, None, agent_types=agent_types)
     snap: RunSnapshot | None = None
     for ev in events:
         if isinstance(ev, FlowUpdated):
@@ -193,21 +206,28 @@ def fold_agent_runs(flow: CompiledFlow, events: Sequence[BaseEvent], *,
 
 
 class AgentRunBackfill:
-    """The ``Backfill`` a store migrating from before schema 9 folds agent runs with (``flowkernel.store.base``)."""
+    """The ``Backfill`` a store migrating from before schema 9 folds agent runs with
+    (``flowkernel.store.base``): the runs of flows with an agent node, as ``agent_types`` says."""
+
+    def __init__(self, agent_types: AgentTypes) -> None:
+        self._types = agent_types
 
     def wants(self, document: str) -> bool:
-        return any(f'"{t}"' in document for t in AGENT_NODE_TYPES)
+        import json
+
+        try:
+            nodes = json.loads(document).get("nodes") or []
+        except (ValueError, AttributeError):
+            return False
+        return any(isinstance(n, dict) and isinstance(n.get("type"), str) and self._types.records_agent_runs(n["type"])
+                   for n in nodes)
 
     def __call__(self, document: str, bodies: Sequence[bytes]) -> list[AgentRun]:
-        return fold_stored(document, bodies)
+        """The agent runs of a stored run, from its flow document (as stored) and its event bodies."""
+        import json
 
+        from flowkernel.core.compiler import compile_flow
+        from flowkernel.core.events import decode
 
-def fold_stored(document: str, bodies: Sequence[bytes]) -> list[AgentRun]:
-    """The agent runs of a stored run, from its flow document (as stored) and its event bodies."""
-    import json
-
-    from flowkernel.core.compiler import compile_flow
-    from flowkernel.core.events import decode
-
-    flow = compile_flow(json.loads(document), node_types=(), trusted=True)  # validated when it was stored
-    return fold_agent_runs(flow, [decode(b) for b in bodies])
+        flow = compile_flow(json.loads(document), node_types=(), trusted=True)  # validated when it was stored
+        return fold_agent_runs(flow, [decode(b) for b in bodies], agent_types=self._types)

@@ -42,6 +42,17 @@ class LazyMap(dict[str, V]):
             dict.__setitem__(self, key, value)
             self._lazy.pop(key, None)  # a value registered now wins over a lazy one not yet imported
 
+    def loaded(self, name: str) -> V | None:
+        """The value under ``name`` if it is registered or imported already; None otherwise (nothing is
+        imported and no hook runs)."""
+        with self._entries:
+            return dict.get(self, name)
+
+    def lazy(self, name: str) -> bool:
+        """Whether ``name`` is a ``module:attr`` entry not imported yet."""
+        with self._entries:
+            return name in self._lazy and not dict.__contains__(self, name)
+
     def _resolve(self, name: str) -> V:
         with self._entries:
             if dict.__contains__(self, name):

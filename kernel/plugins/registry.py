@@ -16,7 +16,7 @@ from typing import Any, TypeVar, overload
 
 from flowkernel.core.node import NodeType, takes_messages
 from flowkernel.errors import InvalidInputError
-from flowkernel.plugins.builtins import BUILTIN_NODE_TYPES
+from flowkernel.plugins.builtins import BUILTIN_AGENT_TYPES, BUILTIN_NODE_TYPES
 from flowkernel.plugins.functions import Blocking as Blocking  # (documented here too)
 from flowkernel.plugins.functions import blocking as blocking  # ``flowkernel.registry.blocking`` in the docs
 from flowkernel.plugins.lazy import LazyMap
@@ -124,6 +124,22 @@ class Registry:
         if not isinstance(instance, NodeType) or not isinstance(getattr(instance, "name", None), str):
             raise InvalidInputError(f"{node_type!r} is not a node type (needs a `name` string and `async run(ctx)`)")
         self.node_types[instance.name] = instance
+
+    def records_agent_runs(self, type_name: str) -> bool:
+        """Whether nodes of type ``type_name`` record agent runs (the node type's ``records_agent_runs``,
+        ``flowkernel.core.node.RecordsAgentRuns``). A built-in type not imported yet is answered from the
+        built-in table, without importing it: a command on a run need not load its agent's code."""
+        node_type = self.node_types.loaded(type_name)
+        if node_type is None and self.node_types.lazy(type_name):
+            return type_name in BUILTIN_AGENT_TYPES
+        if node_type is None:
+            node_type = self.node_types.get(type_name)
+        return bool(getattr(node_type, "records_agent_runs", False))
+
+    def agent_max_steps(self, type_name: str, node_input: Any) -> int | None:
+        """The step budget a node run of ``type_name`` with ``node_input`` has (its ``max_steps``), if any."""
+        max_steps = getattr(self.node_types.get(type_name), "max_steps", None)
+        return max_steps(node_input) if max_steps is not None else None
 
     def takes_messages(self, type_name: str, raw_input: Any) -> bool:
         """Whether a node of type ``type_name`` with ``raw_input`` reads ``send`` messages (see

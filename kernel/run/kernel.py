@@ -171,9 +171,9 @@ class Kernel:
         ``--plugin``). Runs it creates keep them; runs it continues keep theirs, with these replacing what
         they set."""
         # A database from before agent runs were stored gets them folded from its logs as it opens.
-        self.store: Store = store if store is not None and not isinstance(store, str) else \
-            open_store(store, backfill=AgentRunBackfill())
         self.registry = registry or default_registry()
+        self.store: Store = store if store is not None and not isinstance(store, str) else \
+            open_store(store, backfill=AgentRunBackfill(self.registry))
         # Read (and checked) before any run is created: a bad FLOWKERNEL_EXPR_* is an input error.
         self.services, self.tuning = services_of(services, tuning)
         self.settings = settings or RunSettings()
@@ -1064,7 +1064,7 @@ class Kernel:
 
         record = self.store.get_run(snap.runId)
         flow = self.stored_flow(snap.flowHash, record)
-        agents = AgentRunFold.for_run(flow, snap, self.store)
+        agents = AgentRunFold.for_run(flow, snap, self.store, self.registry)
         rows: list[EventRow] = []
         for d in drafts:
             d.seq = snap.seq + 1

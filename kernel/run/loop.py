@@ -199,7 +199,7 @@ class RunExecution:
         # Handing the run over (a worker shutting down): no node run starts; ``_draining`` is set then.
         self._draining = False
         # The run's agent runs still open, kept in the agent_runs table by each commit (flows with agents).
-        self._agents = AgentRunFold.for_run(flow, self.snap, store)
+        self._agents = AgentRunFold.for_run(flow, self.snap, store, registry)
         self._limits = self._services.expression_limits or limits_from_env()
         self._deciding: tuple[Scope, anyio.Event] | None = None  # a decision computing in a worker thread
         # Budgets are checked after each model call and, when child runs count, after each node run.

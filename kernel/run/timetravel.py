@@ -204,7 +204,8 @@ async def rerun(kernel: Kernel, run_id: str, *, flow: CompiledFlow | None = None
         flow = _current_flow(kernel, record)
     recorded = kernel.events(run_id)
     with tempfile.TemporaryDirectory(prefix="flowkernel-rerun-") as tmp:
-        write_fixtures(fixtures_from_run(kernel.store, run_id, tools=kernel.registry.tools), tmp)
+        write_fixtures(fixtures_from_run(kernel.store, run_id, node_types=kernel.registry.node_types,
+                                         tools=kernel.registry.tools), tmp)
         mock = MockQuery(tmp)
         services = msgspec.structs.replace(kernel.services, query_fn=mock)
         replay = KernelClass(MemoryStore(), registry=kernel.registry, services=services, tuning=kernel.tuning)
@@ -289,7 +290,8 @@ def create_fork(kernel: Kernel, run_id: str, at: int, *, input: dict[str, Any] |
                             usage=snap.usage, totalCostUsd=snap.totalCostUsd, settings=record.settings)
     skeleton, blobs = encode_checkpoint(snap)
     kernel.store.create_run(fork_record, rows, skeleton, blobs,
-                            agent_runs=fold_agent_runs(flows(started), copied, flows=flows))
+                            agent_runs=fold_agent_runs(flows(started), copied, flows=flows,
+                                                       agent_types=kernel.registry))
     _copy_conversations(kernel, run_id, fork_id, finished, cutoff, {e.runId for e in copied
                                                                     if isinstance(e, AgentStart) and e.runId})
     return fork_id

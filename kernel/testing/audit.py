@@ -13,7 +13,8 @@ from typing import Any
 from flowkernel.core.compiler import CompiledFlow, compile_flow
 from flowkernel.core.events import FlowStart, decode
 from flowkernel.core.reducer import fold
-from flowkernel.history.agent_runs import fold_agent_runs
+from flowkernel.history.agent_runs import AgentTypes, fold_agent_runs
+from flowkernel.plugins.registry import default_registry
 from flowkernel.store.base import Store
 from flowkernel.store.checkpoint import load_checkpoint
 
@@ -25,8 +26,9 @@ class _AnyType:
         return True
 
 
-def audit_run(store: Store, run_id: str) -> None:
-    """Raise AssertionError if the run's events do not fold into its latest stored checkpoint."""
+def audit_run(store: Store, run_id: str, agent_types: AgentTypes | None = None) -> None:
+    """Raise AssertionError if the run's events do not fold into its latest stored checkpoint (and its
+    agent runs, which ``agent_types`` says the nodes of: the default registry unless given)."""
     record = store.get_run(run_id)
     checkpoint = load_checkpoint(store, run_id)
     if checkpoint is None:
@@ -61,7 +63,7 @@ def audit_run(store: Store, run_id: str) -> None:
                              f"{record.totalCostUsd}, its events add up to {whole.usage} costing {whole.totalCostUsd}")
     # So are its agent runs: each row the fold of the events of its node run.
     folded = {r.agentRunId: r for r in fold_agent_runs(flow, [decode(b) for b in store.read_events(run_id)],
-                                                       flows=flows)}
+                                                       flows=flows, agent_types=agent_types or default_registry())}
     kept = {r.agentRunId: r for _, r in store.list_agent_runs(run_id=run_id, limit=2**31)}
     if folded != kept:
         lines = [f"  agent run {k}: replayed {_brief(folded.get(k))} != stored {_brief(kept.get(k))}"

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +42,7 @@ from flowkernel.errors import NodeFailure, PatternTimeoutError, Problem
 from flowkernel.history.lineage import Lineage, find_lineage
 from flowkernel.nodes.claude import spans
 from flowkernel.nodes.claude.config import (
+    DEFAULT_MAX_TURNS,
     INPUT_SCHEMA,
     AgentConfig,
     advise_input,
@@ -122,6 +124,20 @@ class ClaudeAgentNode:
     # On pause the model call or tool round in flight finishes and is stored; then the node stops.
     cooperative_pause = True
     takes_messages = True  # a send is a user message at the next turn boundary
+    records_agent_runs = True  # each node run is an agent run (flowkernel.core.node.RecordsAgentRuns)
+
+    def max_steps(self, node_input: Any) -> int | None:
+        """The model calls one node run may make: its ``maxTurns``."""
+        value = node_input.get("maxTurns") if isinstance(node_input, dict) else None
+        return value if isinstance(value, int) and not isinstance(value, bool) else DEFAULT_MAX_TURNS
+
+    def request_for(self, node_input: Any, node_id: str, messages: list[dict[str, Any]],
+                    tools: Mapping[str, Any]) -> dict[str, Any]:
+        """The request a node run with ``node_input`` sends for ``messages`` (``tools``: the registered
+        tools), as a fixture's ``input`` records it (``flowkernel.agents.query.ReplaysRequests``)."""
+        cfg = parse_config(node_input, node_id)
+        definitions = [as_tool(n, tools[n]).definition() for n in cfg.tools if n != ASK_HUMAN and n in tools]
+        return build_request(cfg, messages, definitions)
 
     def check(self, raw_input: dict[str, Any], path: str, problems: list[Problem]) -> None:
         check_input(raw_input, path, problems)
