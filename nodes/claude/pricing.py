@@ -1,6 +1,6 @@
 """What model calls cost: a per-model price table (USD per million tokens) the user can override.
 
-Overrides, later wins: the file named by ``FLOWKERNEL_PRICES`` (JSON), then ``services["prices"]``.
+Overrides, later wins: the file named by ``FLOWKERNEL_PRICES`` (JSON), then the run's ``RunServices.prices``.
 Both map a model id or id prefix to ``{"input", "output", "cacheWrite"?, "cacheRead"?, "longPrompt"?}``;
 cache prices default to 1.25x and 0.1x the input price, as the API bills them (5-minute cache writes),
 and ``longPrompt`` (``{"above": <prompt tokens>, "input", "output", ...}``) gives the rates of a
