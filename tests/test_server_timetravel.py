@@ -17,6 +17,7 @@ import pytest
 from flowkernel.server import ServerConfig
 
 from tests.server_support import Live, pool_worker, serving, wait_for
+from tests.test_postgres import needs_pg, pg_url  # noqa: F401  (the fixture)
 from tests.test_server import assert_problem, cli
 
 GREETING = {"name": "greeting", "inputs": {"type": "object", "properties": {"name": {"type": "string"}}},
@@ -165,8 +166,16 @@ def live_only(tmp_path: Path, flows: Path) -> Iterator[Live]:
         yield live
 
 
-def test_runs_are_found_by_id_prefix_flow_status_and_error_text_a_page_at_a_time(pool: Live) -> None:
-    with pool.client() as http:
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=needs_pg)])
+def any_store(request: pytest.FixtureRequest, tmp_path: Path, flows: Path) -> Iterator[Live]:
+    """A server and a pool worker on SQLite, and on PostgreSQL (whose LIKE and LOWER differ)."""
+    db = str(tmp_path / "runs.db") if request.param == "sqlite" else request.getfixturevalue("pg_url")
+    with serving(db, ServerConfig(keepalive_s=0.5, flows=[flows])) as live, pool_worker(live.db):
+        yield live
+
+
+def test_runs_are_found_by_id_prefix_flow_status_and_error_text_a_page_at_a_time(any_store: Live) -> None:
+    with any_store.client() as http:
         ada = start(http, "greeting", {"name": "Ada"})["runId"]
         failed = [start(http, "fails")["runId"] for _ in range(3)]
         assert {stopped(http, r)["run"]["status"] for r in failed} == {"failed"}
