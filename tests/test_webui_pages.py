@@ -91,6 +91,8 @@ APPROVAL = {"name": "release", "description": "a human approves the release befo
                        "risk": {"enum": ["low", "high"]}}}}},
     {"id": "publish", "type": "transform", "input": {"expr": "review"}}],
     "edges": [{"from": "review", "to": "publish"}]}
+SHOUT = {"name": "shout", "nodes": [{"id": "loud", "type": "transform", "input": {"expr": "$uppercase(flow.input.text)"}}],
+         "edges": []}
 FAILS = {"name": "fails", "nodes": [{"id": "boom", "type": "transform",
                                      "input": {"expr": "$error('Disk quota 100% used')"}}], "edges": []}
 
@@ -116,7 +118,7 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def server(folder: Path) -> Iterator[Server]:
     flows = folder / "flows"
     flows.mkdir()
-    for file, doc in (("payload", PAYLOAD_FLOW), ("held", HELD), ("fails", FAILS)):
+    for file, doc in (("payload", PAYLOAD_FLOW), ("held", HELD), ("fails", FAILS), ("shout", SHOUT)):
         (flows / f"{file}.json").write_text(json.dumps(doc))
     db = str(folder / "runs.db")
     Kernel(open_store(db, create=True)).close()
@@ -257,7 +259,7 @@ def test_a_run_started_from_a_flows_form_opens_live_and_an_idempotency_key_opens
 
 
 def test_fork_from_an_event_with_a_changed_input_and_rerun_from_the_run_page(
-        open_page: Callable[..., Page], server: Server) -> None:
+        open_page: Callable[..., Page], server: Server, folder: Path) -> None:
     original = api_run(server, {"flow": "hello", "input": {"name": "Ada"}})["runId"]
     recorded = events(server, original)
     at = next(e["seq"] for e in recorded if e["type"] == "node:start" and e["nodeId"] == "greet")
@@ -299,6 +301,24 @@ def test_fork_from_an_event_with_a_changed_input_and_rerun_from_the_run_page(
     expect(page.locator(".run-meta")).to_contain_text(f"rerun of{original}")
     rerun_id = page.url.rsplit("/", 1)[1]
     assert events(server, rerun_id)[-1]["rerun"] == {"of": original, "matches": True}
+
+    # A rerun takes the flow file as it is now: a changed flow diverges, and the page says where.
+    shouted = api_run(server, {"flow": "shout", "input": {"text": "hi"}})["runId"]
+    changed = {**SHOUT, "nodes": [{**SHOUT["nodes"][0], "input": {"expr": "$lowercase(flow.input.text)"}}]}
+    (folder / "flows" / "shout.json").write_text(json.dumps(changed))
+    try:
+        ui.goto(f"#/runs/{shouted}")
+        expect(page.locator(".run-head .badge")).to_have_text("completed")
+        page.get_by_role("button", name="Rerun").click()
+        verdict = page.locator(".rerun-note .rerun-verdict.diverges")
+        start = next(e["seq"] for e in events(server, shouted) if e["type"] == "node:start")
+        expect(verdict).to_contain_text(f"Diverges from the recording at event #{start} of {shouted} (event):")
+        expect(verdict.locator("pre")).to_contain_text("$uppercase(flow.input.text)")
+        verdict.get_by_role("link").click()
+        expect(page).to_have_url(re.compile(rf"#/runs/{shouted}\?at={start}$"))
+        expect(page.locator(f'.timeline li.ev[data-seq="{start}"]')).to_have_class(re.compile(r"\bcurrent\b"))
+    finally:
+        (folder / "flows" / "shout.json").write_text(json.dumps(SHOUT))
     ui.assert_clean()
 
 

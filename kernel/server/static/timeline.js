@@ -345,6 +345,7 @@ export class Timeline {
     const moved = seq !== this.at;
     this.at = seq;
     if (seq !== null) this.follow = false;
+    else if (moved) this.follow = true; // back to live: follow the end again
     let current = null;
     for (const { el, seq: s } of this.rows) {
       el.classList.toggle("future", seq !== null && s > seq);
@@ -363,6 +364,15 @@ export class Timeline {
 
   /** Scroll to the latest node run of nodeId and open it. */
   showNode(nodeId) {
+    if (this.mode === "order") {
+      // In order, a node run is its rows: show the last row of the node.
+      const rows = [...this.list.querySelectorAll(":scope > li.ev")].filter((li) => li.querySelector(".ev-node")
+        && [...this.groups.values()].some((g) => g.nodeId === nodeId && li.querySelector(".ev-node").textContent === g.label));
+      const row = rows[rows.length - 1];
+      if (!row) return false;
+      row.scrollIntoView({ block: "nearest" });
+      return true;
+    }
     const groups = [...this.groups.values()].filter((g) => g.nodeId === nodeId);
     const last = groups[groups.length - 1];
     if (!last) return false;
