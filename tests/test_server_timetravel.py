@@ -224,3 +224,17 @@ def test_the_queue_lists_queued_runs_oldest_first_and_the_workers_route_lists_th
         assert listed[0]["workerId"] == worker.id and listed[0]["concurrency"] == worker.concurrency
         assert set(listed[0]) == {"workerId", "host", "pid", "startedAt", "heartbeatAt", "concurrency", "leaseMs",
                                   "runs"}
+
+
+def test_a_rerun_whose_recording_is_gone_when_a_worker_takes_it_ends_failed_saying_why(live_only: Live) -> None:
+    with pool_worker(live_only.db), live_only.client() as http:
+        original = start(http, "greeting", {"name": "Ada"})["runId"]
+    with live_only.client() as http:
+        rerun = http.post(f"/api/v1/runs/{original}/rerun", json={}).json()["runId"]
+        pruned = cli(live_only.db, "prune", "--older-than", "0s", "--status", "completed")
+        assert pruned.returncode == 0, pruned.stderr
+        assert_problem(http.get(f"/api/v1/runs/{original}"), 404)
+    with pool_worker(live_only.db), live_only.client() as http:
+        detail = stopped(http, rerun)
+        assert detail["run"]["status"] == "failed"
+        assert original in detail["run"]["error"] and "cannot execute the run" in detail["run"]["error"]
