@@ -137,6 +137,12 @@ class Page(Watched):
     blocked: list[str]
     unguarded: list[str]
 
+    def assert_clean(self, *, allowed: tuple[str, ...] = ()) -> None:
+        super().assert_clean(allowed=allowed)
+        assert self.blocked == [], f"the page asked other hosts for {self.blocked}"
+        assert self.unguarded == [], f"answered without the Content-Security-Policy: {self.unguarded}"
+        assert self.dialogs == [], self.dialogs
+
 
 @pytest.fixture
 def open_page(browser: Any, server: Server) -> Iterator[Callable[..., Page]]:
@@ -161,7 +167,7 @@ def open_page(browser: Any, server: Server) -> Iterator[Callable[..., Page]]:
 
         context.route("**/*", route)
         page.on("dialog", lambda d: (ui.dialogs.append(d.message), d.dismiss()))
-        page.on("response", lambda r: ui.unguarded.append(r.url) if urlsplit(r.url).path.startswith("/")
+        page.on("response", lambda r: ui.unguarded.append(f"{r.status} {r.url}") if urlsplit(r.url).path.startswith("/")
                 and not urlsplit(r.url).path.startswith("/api/")
                 and r.headers.get("content-security-policy") != CONTENT_SECURITY_POLICY else None)
         ui.goto(fragment)
