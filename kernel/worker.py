@@ -43,6 +43,7 @@ from flowkernel.ids import now_ms
 from flowkernel.runner import RunExecution
 from flowkernel.snapshot import RunSnapshot
 from flowkernel.store.base import Claim, WorkerRecord
+from flowkernel.timetravel import execute_rerun, is_rerun
 from flowkernel.worker_defaults import DEFAULT_CONCURRENCY, DEFAULT_GRACE_S
 
 # After the grace period, node types that stop at a step boundary (agents, flow.call) get this long
@@ -200,7 +201,10 @@ class Worker:
             log.info("claimed %s to recover it: the process that executed it is gone", run_id)
         began = time.monotonic()
         try:
-            snap = await kernel.recover(run_id, claim.lease, on_execution=self._watch)
+            if claim.status == "queued" and is_rerun(kernel.store.get_run(run_id)):
+                snap = await execute_rerun(kernel, run_id, claim.lease)
+            else:
+                snap = await kernel.recover(run_id, claim.lease, on_execution=self._watch)
             _ended(snap, time.monotonic() - began, stopping=self._stopping)
         except LeaseLostError as exc:
             log.warning("%s: %s", run_id, exc)
