@@ -68,7 +68,8 @@ def test_the_docs_page_renders_the_document_offline_and_asks_for_the_token(
             page.get_by_label("API token").fill(token)
             form.get_by_role("button").click()
         expect(page.locator(".swagger-ui .info .title")).to_contain_text("flowkernel")
-        expect(page.locator(".opblock")).to_have_count(24)
+        operations = sum(len(item) for item in server.api("GET", "/openapi.json").json()["paths"].values())
+        expect(page.locator(".opblock")).to_have_count(operations)  # every operation of the document
         # "Try it out" sends the token the page was given.
         runs = page.locator(".opblock-get", has=page.locator(".opblock-summary-path",
                                                              has_text=re.compile(r"^/api/v1/runs$")))

@@ -92,6 +92,8 @@ def provoke(live: Live, http: httpx.Client, path: str, method: str, status: int,
             body = json.dumps({"message": "x" * 5000}).encode()
         elif status == 422:
             body = json.dumps({"no-such-field": 1}).encode()
+        elif status == 404 and path.endswith("/fork"):
+            body = json.dumps({"at": 1}).encode()  # a body the route takes, for a run there is not
         elif status == 409 and path.endswith(("/send", "/reply")):
             body = json.dumps({"to": "nr_x"} if path.endswith("/send") else {"to": "nr_x", "content": "x"}).encode()
         elif path == "/api/v1/runs" or path == "/api/v1/flows/validate":
@@ -223,10 +225,10 @@ def test_every_list_declares_its_limit_and_a_cursor_format_of_its_own(guarded: L
 
 def test_the_document_lists_every_route_of_the_server(guarded: Live) -> None:
     from fastapi.routing import APIRoute
-    from flowkernel.server import agents, execute, flows, runs, stream
+    from flowkernel.server import agents, execute, flows, runs, stream, workers
 
     doc = document(guarded)
-    routes = {(f"/api/v1{r.path}", m.lower()) for module in (runs, execute, stream, agents, flows)
+    routes = {(f"/api/v1{r.path}", m.lower()) for module in (runs, execute, stream, agents, flows, workers)
               for r in module.router.routes if isinstance(r, APIRoute) for m in r.methods}
     declared = {(path, method) for path, method, _ in operations(doc)}
     assert routes | {("/api/v1/health", "get")} == declared
@@ -259,9 +261,10 @@ checks.positive_data_acceptance.expected-statuses = ["2xx", 401, 404, 409, 422]
 include-path = "/api/v1/flows/validate"
 include-method = "POST"
 checks.positive_data_acceptance.expected-statuses = ["2xx", 401, 422]
-# Likewise a command names one of the run's live node runs, or a flow the run can continue on.
+# Likewise a command names one of the run's live node runs, or a flow the run can continue on; a fork
+# one of the run's events and an input its flow takes; a rerun a run that has started.
 [[operations]]
-include-path-regex = "^/api/v1/runs/[{]runId[}]/(send|reply|pause|abort|resume|retry)$"
+include-path-regex = "^/api/v1/runs/[{]runId[}]/(send|reply|pause|abort|resume|retry|fork|rerun)$"
 include-method = "POST"
 checks.positive_data_acceptance.expected-statuses = ["2xx", 401, 404, 409, 422]
 # And `at` must be one of the run's events: 400 naming `at` past its last one.

@@ -114,6 +114,8 @@ def test_the_wheel_holds_one_import_package_with_every_module(installed: Install
     assert "flowkernel/examples/flows/review-loop.json" in files
     assert "flowkernel/examples/fixtures/review-loop/planner.json" in files
     assert {"flowkernel/server/static/index.html", "flowkernel/server/static/app.js"} <= files
+    assert {"flowkernel/server/static/vendor/marked.esm.js", "flowkernel/server/static/vendor/purify.es.js",
+            "flowkernel/server/static/vendor/marked.LICENSE", "flowkernel/server/static/vendor/dompurify.LICENSE"} <= files
     assert {"flowkernel/server/apidocs/swagger-ui-bundle.js", "flowkernel/server/apidocs/LICENSE"} <= files
     assert not [n for n in files if "/tests/" in n or n.endswith(".pyc")]
 

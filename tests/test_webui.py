@@ -584,7 +584,9 @@ def test_a_failed_run_shows_its_errors_with_their_details_and_offers_retry(
     failure = next(e for e in events(server, run_id) if e["type"] == "node:error")
     row = page.locator(f'li.ev[data-seq="{failure["seq"]}"]')
     expect(row).to_contain_text(failure["errorType"])
-    expect(row).to_contain_text("differs from the recording")
+    # The run's error is the node's: the banner says it, the node's event points to it.
+    expect(row).to_contain_text("the run's error, shown above")
+    expect(page.locator(".run-error")).to_contain_text("differs from the recording")
     page.get_by_role("tab", name=re.compile("^Run")).click()
     expect(page.locator(".errors")).to_contain_text("differs from the recording")
     node(page, "planner").click()

@@ -4,6 +4,7 @@ imports is shipped; nothing in them names another host; the run's flow document 
 
 from __future__ import annotations
 
+import hashlib
 import re
 from pathlib import Path
 
@@ -15,6 +16,9 @@ from tests.server_support import serving
 ROOT = Path(__file__).resolve().parent.parent
 # An XML namespace is a name, not an address the browser fetches.
 NAMESPACES = {"http://www.w3.org/2000/svg"}
+
+
+VENDOR = ASSETS / "vendor"
 
 
 def test_the_assets_live_inside_the_package() -> None:
@@ -35,13 +39,29 @@ def test_every_module_and_file_the_page_loads_is_shipped_and_every_shipped_file_
             if target not in loaded:
                 loaded.add(target)
                 pending.append(target)
-    shipped = {p.name for p in ASSETS.iterdir() if p.is_file()}
+    shipped = {str(p.relative_to(ASSETS)) for p in ASSETS.rglob("*") if p.is_file()}
     assert loaded <= shipped
-    assert shipped - loaded - {"index.html"} == set(), "shipped but never loaded"
+    licenses = {str(p.relative_to(ASSETS)) for p in VENDOR.iterdir() if not p.name.endswith(".js")}
+    assert shipped - loaded - {"index.html"} - licenses == set(), "shipped but never loaded"
+
+
+def test_vendored_modules_are_the_registrys_files_unchanged_with_their_licenses() -> None:
+    """Each third-party module is the file its README names, digest and all, and its license ships with it."""
+    readme = (VENDOR / "README.md").read_text(encoding="utf-8")
+    listed = dict(re.findall(r"^\| `([^`]+\.js)` \|.*\| ([0-9a-f]{64}) \|$", readme, flags=re.M))
+    assert set(listed) == {p.name for p in VENDOR.glob("*.js")} == {"marked.esm.js", "purify.es.js"}
+    for name, digest in listed.items():
+        assert hashlib.sha256((VENDOR / name).read_bytes()).hexdigest() == digest, name
+    assert "Permission is hereby granted, free of charge" in (VENDOR / "marked.LICENSE").read_text(encoding="utf-8")
+    assert "Apache License" in (VENDOR / "dompurify.LICENSE").read_text(encoding="utf-8")
+    assert "Mozilla Public License" in (VENDOR / "dompurify.LICENSE-MPL").read_text(encoding="utf-8")
 
 
 def test_no_asset_names_another_host() -> None:
+    # The vendored modules are checked by digest above (their comments name their projects' homes).
     for path in ASSETS.iterdir():
+        if path.is_dir():
+            continue
         text = path.read_text(encoding="utf-8")
         urls = set(re.findall(r"(?:https?:)?//[A-Za-z0-9.-]+\.[A-Za-z]{2,}[^\s\"')]*", text)) - NAMESPACES
         assert not urls, f"{path.name} names {sorted(urls)}"
@@ -58,6 +78,10 @@ def test_the_ui_is_served_at_the_root_with_a_policy_that_keeps_it_on_this_server
         assert "connect-src 'self'" in CONTENT_SECURITY_POLICY and "default-src 'none'" in CONTENT_SECURITY_POLICY
         script = http.get("/app.js")
         assert script.status_code == 200 and "javascript" in script.headers["content-type"]
+        for module in ("vendor/marked.esm.js", "vendor/purify.es.js", "markdown.js"):
+            got = http.get(f"/{module}")
+            assert got.status_code == 200 and "javascript" in got.headers["content-type"], module
+            assert got.headers["content-security-policy"] == CONTENT_SECURITY_POLICY
         assert http.get("/style.css").headers["content-type"].startswith("text/css")
         # The API's routes are matched before the UI's mount; what neither has is a 404 problem.
         assert http.get("/api/v1/runs").json() == {"items": [], "nextCursor": None}

@@ -36,6 +36,7 @@ class FlowStart(BaseEvent, tag="flow:start"):
     parentNodeRunId: str | None = None
     forkedFrom: str | None = None
     forkedAt: int | None = None
+    rerunOf: str | None = None  # a rerun (``POST /runs/{id}/rerun``): the run whose recording it replays
 
 
 class FlowPaused(BaseEvent, tag="flow:paused"):
@@ -59,9 +60,29 @@ class FlowWaiting(BaseEvent, tag="flow:waiting"):
     reason: str | None = None
 
 
+class RerunDivergence(msgspec.Struct, omit_defaults=True):
+    """Where a rerun first parts from its recording: ``kind`` (``request``, ``extra_call``,
+    ``missing_call``, ``event``, ``extra_event``, ``missing_event``), ``seq`` in the recorded run."""
+
+    kind: str
+    message: str
+    seq: int | None = None
+
+
+class RerunOutcome(msgspec.Struct, omit_defaults=True):
+    """A rerun's verdict on the run ``of`` whose recording it replayed."""
+
+    of: str
+    matches: bool
+    divergence: RerunDivergence | None = None
+
+
 class FlowComplete(BaseEvent, tag="flow:complete"):
+    """``rerun``: on a rerun's, whether it matched its recording and, if not, where it diverged."""
+
     status: str
     error: str | None = None
+    rerun: RerunOutcome | None = None
 
 
 class FlowUpdated(BaseEvent, tag="flow:updated"):

@@ -73,6 +73,7 @@ def detail_view(record: RunRecord, run: RunSummary) -> dict[str, Any]:
     out: dict[str, Any] = msgspec.to_builtins(run)
     for name in _DETAIL:
         out[name] = getattr(record, name)
+    out["rerunOf"] = (record.settings or {}).get("rerunOf")  # a rerun: the run whose recording it replays
     return out
 
 

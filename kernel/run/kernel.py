@@ -292,10 +292,11 @@ class Kernel:
                             run_id=run_id).run_id
 
     def enqueue(self, flow: CompiledFlow, input: Any = None, *, run_id: str | None = None,
-                idempotency_key: str | None = None) -> str:
+                idempotency_key: str | None = None, settings: RunSettings | None = None) -> str:
         """Validate the input and store a ``queued`` run for the workers (DESIGN §11); returns its id at
         once. It has no events until a worker claims it and writes its ``flow:start``. A second run
-        with the same ``idempotency_key`` is refused by the store (``find_idempotent`` finds the first)."""
+        with the same ``idempotency_key`` is refused by the store (``find_idempotent`` finds the first).
+        ``settings``: the run's own (default: this kernel's)."""
         value = {} if input is None else input
         self.check_input(flow, value)
         run_id = run_id or new_run_id()
@@ -304,7 +305,7 @@ class Kernel:
                            input=value, createdAt=now, updatedAt=now,
                            flowSource=str(Path(flow.source).resolve()) if flow.base_dir else None,
                            pooled=True, maxRuns=flow.max_concurrent_runs, idempotencyKey=idempotency_key,
-                           settings=self.settings.to_json())
+                           settings=(settings or self.settings).to_json())
         self.store.create_run(record, [], b"", document=flow.canonical)
         self._flows[flow.hash] = flow
         return run_id
@@ -465,27 +466,38 @@ class Kernel:
                 "nodes": {n: {"type": node.type, "takesMessages": takes(n)} for n, node in flow.nodes.items()}}
 
     def run_page(self, *, status: str | None = None, flow: str | None = None, parent: str | None = None,
-                 before: int | None = None, limit: int = 50) -> tuple[list[RunSummary], int | None]:
-        """A page of run summaries, newest first, and the key to pass as ``before`` for the next page
-        (None at the end). Runs created meanwhile never shift a later page: keys only grow."""
+                 before: int | None = None, limit: int = 50, oldest: bool = False, id_prefix: str | None = None,
+                 error: str | None = None) -> tuple[list[RunSummary], int | None]:
+        """A page of run summaries, newest first (``oldest``: oldest first, the order workers claim queued
+        runs in), and the key to pass as ``before`` for the next page (None at the end). Runs created
+        meanwhile never shift a later page: keys only grow. ``id_prefix`` and ``error`` filter as
+        ``Store.page_runs`` does."""
         from flowkernel.history.summaries import summaries
 
-        records, key = self.run_records(status=status, flow=flow, parent=parent, before=before, limit=limit)
+        records, key = self.run_records(status=status, flow=flow, parent=parent, before=before, limit=limit,
+                                        oldest=oldest, id_prefix=id_prefix, error=error)
         return summaries(self.store, records, self.interrupted), key
 
     def run_records(self, *, status: str | None = None, flow: str | None = None, parent: str | None = None,
-                    before: int | None = None, limit: int = 50) -> tuple[list[RunRecord], int | None]:
-        """The runs of ``run_page``. ``status`` is a stored status or ``interrupted`` (stored as
-        ``running``, no process executes it: see ``interrupted``); ``running`` then means the runs that
-        are executing, as their summaries say, so each run is listed under the status it shows."""
+                    before: int | None = None, limit: int = 50, oldest: bool = False,
+                    id_prefix: str | None = None, error: str | None = None) -> tuple[list[RunRecord], int | None]:
+        """The runs of ``run_page`` (``before`` is the key of the page before, in either order). ``status``
+        is a stored status or ``interrupted`` (stored as ``running``, no process executes it: see
+        ``interrupted``); ``running`` then means the runs that are executing, as their summaries say, so
+        each run is listed under the status it shows."""
+        def page(stored: str | None, key: int | None, size: int) -> list[RunRecord]:
+            return self.store.page_runs(status=stored, flow=flow, parent=parent, limit=size, oldest=oldest,
+                                        before=None if oldest else key, after=key if oldest else None,
+                                        id_prefix=id_prefix, error=error)
+
         if status not in ("running", "interrupted"):
-            records = self.store.page_runs(status=status, flow=flow, parent=parent, before=before, limit=limit + 1)
+            records = page(status, before, limit + 1)
             return records[:limit], (records[limit - 1].runNo if len(records) > limit else None)
         wanted = status == "interrupted"
         chunk_size = max(limit + 1, 100)
         out: list[RunRecord] = []
         while True:  # told apart by their leases, not in the query: read on until the page is full
-            chunk = self.store.page_runs(status="running", flow=flow, parent=parent, before=before, limit=chunk_size)
+            chunk = page("running", before, chunk_size)
             for record in chunk:
                 if self.interrupted(record) == wanted:
                     if len(out) == limit:
@@ -649,7 +661,7 @@ class Kernel:
             raise
         except Exception as exc:
             try:
-                failure = self._fail_to_start(run_id, exc, lease)
+                failure = self.fail_to_start(run_id, exc, lease)
             finally:
                 with contextlib.suppress(FlowkernelError):
                     self.store.release_lease(run_id, lease)
@@ -666,7 +678,7 @@ class Kernel:
                              lambda snap: FlowResumed(message="continue"))
         return lambda snap: resume(snap) if _interrupted(snap) else []
 
-    def _fail_to_start(self, run_id: str, exc: Exception, lease: Lease) -> FlowkernelError:
+    def fail_to_start(self, run_id: str, exc: Exception, lease: Lease) -> FlowkernelError:
         """A worker claimed ``run_id`` but cannot execute it here (a setting it cannot provide, a flow it
         cannot load, a kernel error): end the run ``failed`` with the reason, so that it is not claimed
         again and again, and say what continues it once that is fixed. A queued run's log is started

@@ -25,10 +25,13 @@ class SettingUnavailableError(InvalidInputError):
 
 class RunSettings(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
     """``fixtures``: the directory model calls are served from (absolute), instead of the API;
-    ``plugins``: modules imported before the run executes (they register functions, tools, node types)."""
+    ``plugins``: modules imported before the run executes (they register functions, tools, node types);
+    ``rerunOf``: the run is a rerun of that one, whose recorded model calls and replies it replays
+    (``flowkernel.run.timetravel.execute_rerun``)."""
 
     fixtures: str | None = None
     plugins: tuple[str, ...] = ()
+    rerunOf: str | None = None
 
     @staticmethod
     def of(fixtures: str | Path | None = None, plugins: list[str] | tuple[str, ...] = ()) -> RunSettings:
@@ -48,7 +51,7 @@ class RunSettings(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True)
     def overridden_by(self, given: RunSettings) -> RunSettings:
         """These settings with what ``given`` sets: its fixtures directory instead, its plugins too."""
         return RunSettings(fixtures=given.fixtures or self.fixtures,
-                           plugins=tuple(dict.fromkeys([*self.plugins, *given.plugins])))
+                           plugins=tuple(dict.fromkeys([*self.plugins, *given.plugins])), rerunOf=self.rerunOf)
 
 
 def check_fixtures(run_id: str, settings: RunSettings) -> None:

@@ -13,6 +13,7 @@ own snapshot and both runs stay inspectable. Interrupted node runs continue as a
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import tempfile
@@ -29,6 +30,7 @@ from flowkernel.core.events import (
     CommandReceived,
     EdgeFire,
     Event,
+    FlowComplete,
     FlowResumed,
     FlowStart,
     LoopIterate,
@@ -36,16 +38,19 @@ from flowkernel.core.events import (
     NodeError,
     NodeStart,
     NodeWaiting,
+    RerunDivergence,
+    RerunOutcome,
     decode,
     encode,
     to_dict,
 )
 from flowkernel.core.reducer import fold
 from flowkernel.core.snapshot import RunSnapshot
-from flowkernel.errors import InvalidInputError
+from flowkernel.errors import FlowkernelError, InvalidInputError, LeaseLostError, StoreError
 from flowkernel.history.agent_runs import fold_agent_runs
 from flowkernel.ids import new_run_id, now_ms
-from flowkernel.store.base import EventRow, RunRecord
+from flowkernel.run.settings import RunSettings
+from flowkernel.store.base import EventRow, Lease, RunRecord, RunTotals, Store
 from flowkernel.store.checkpoint import encode_checkpoint
 
 if TYPE_CHECKING:
@@ -53,7 +58,8 @@ if TYPE_CHECKING:
     from flowkernel.run.kernel import Kernel
 
 _ID = re.compile(r"\b(run|nr|ses)_[0-9a-z]{20}")
-_VOLATILE_KEYS = frozenset({"seq", "timestamp", "flowRunId", "runId", "cause", "durationMs", "resumedFrom"})
+_VOLATILE_KEYS = frozenset({"seq", "timestamp", "flowRunId", "runId", "cause", "durationMs", "resumedFrom",
+                            "rerun"})
 # Bookkeeping of how a run was driven (commands, resumes), not what it did.
 _IGNORED = frozenset({"flow:start", "flow:resumed", "flow:paused", "flow:waiting", "command:received",
                       "inbox:consumed"})
@@ -122,6 +128,7 @@ class RerunReport:
     rerun_id: str
     snapshot: RunSnapshot
     divergence: Divergence | None
+    replay: Store  # the in-memory store the re-execution ran on: its events, messages and tool calls
 
     @property
     def matches(self) -> bool:
@@ -191,9 +198,10 @@ def _recorded_replies(events: list[Event]) -> dict[str, list[Any]]:
 
 
 async def rerun(kernel: Kernel, run_id: str, *, flow: CompiledFlow | None = None,
-                on_event: Callable[[BaseEvent], None] | None = None) -> RerunReport:
+                on_event: Callable[[BaseEvent], None] | None = None, rerun_id: str | None = None) -> RerunReport:
     """Execute ``run_id``'s flow again (the file as it is now, else the stored definition) on an
-    in-memory store, from the run's own recorded model calls and replies; report the first divergence."""
+    in-memory store, from the run's own recorded model calls and replies; report the first divergence.
+    ``rerun_id``: the id the re-execution runs under (``execute_rerun`` stores it under that id)."""
     from flowkernel.fixtures import MockQuery, fixtures_from_run, write_fixtures
     from flowkernel.run.kernel import Kernel as KernelClass
     from flowkernel.store.memory import MemoryStore
@@ -209,7 +217,7 @@ async def rerun(kernel: Kernel, run_id: str, *, flow: CompiledFlow | None = None
         mock = MockQuery(tmp)
         services = msgspec.structs.replace(kernel.services, query_fn=mock)
         replay = KernelClass(MemoryStore(), registry=kernel.registry, services=services, tuning=kernel.tuning)
-        snap = await replay.run(flow, record.input, on_event=on_event)
+        snap = await replay.run(flow, record.input, on_event=on_event, run_id=rerun_id)
         replies = _recorded_replies(recorded)
         while snap.status == "waiting":
             delivered = False
@@ -230,7 +238,87 @@ async def rerun(kernel: Kernel, run_id: str, *, flow: CompiledFlow | None = None
                 item = "" if call.item is None else f" item {call.item}"
                 divergence = Divergence("missing_call", f"node {node!r}{item}: recorded model call "
                                         f"calls[{call.index}] was not made by the re-execution")
-        return RerunReport(run_id=run_id, rerun_id=snap.runId, snapshot=snap, divergence=divergence)
+        return RerunReport(run_id=run_id, rerun_id=snap.runId, snapshot=snap, divergence=divergence,
+                           replay=replay.store)
+
+
+def is_rerun(record: RunRecord) -> bool:
+    """Whether ``record`` is a rerun ``create_rerun`` queued (``execute_rerun`` executes it)."""
+    return RunSettings.from_json(record.settings).rerunOf is not None
+
+
+def create_rerun(kernel: Kernel, run_id: str) -> str:
+    """Queue a rerun of ``run_id`` for the workers (``POST /runs/{id}/rerun``); returns its id. A worker
+    executes it with ``execute_rerun``: ``rerun`` itself, kept as a run of the store."""
+    record = kernel.store.get_run(run_id)
+    if record.seq == 0:
+        raise InvalidInputError(f"run {run_id} has not started: there is no recording to rerun yet")
+    kernel.load_plugins_of(run_id)
+    flow = _current_flow(kernel, record)
+    plugins = RunSettings.from_json(record.settings).plugins
+    return kernel.enqueue(flow, record.input, settings=RunSettings(plugins=plugins, rerunOf=run_id))
+
+
+async def execute_rerun(kernel: Kernel, rerun_id: str, lease: Lease) -> RunSnapshot:
+    """Execute the rerun ``create_rerun`` queued, under the worker's ``lease``: ``rerun`` in memory under
+    its id, then its whole log stored at once, its messages and tool calls with it. Its ``flow:start``
+    names the run it replays (``rerunOf``) and its ``flow:complete`` carries the verdict (``rerun``); a
+    re-execution that stops before the end (waiting for a reply the recording does not have, paused) is
+    ended there, ``aborted``: a rerun does not go on past its recording."""
+    record = kernel.store.get_run(rerun_id)
+    of = RunSettings.from_json(record.settings).rerunOf
+    assert of is not None
+    try:
+        report = await rerun(kernel, of, flow=kernel.flow_of(rerun_id), rerun_id=rerun_id)
+    except (StoreError, LeaseLostError):
+        with contextlib.suppress(FlowkernelError):
+            kernel.store.release_lease(rerun_id, lease)
+        raise
+    except Exception as exc:  # the recording is gone, the flow cannot be loaded here: the rerun ends failed
+        try:
+            failure = kernel.fail_to_start(rerun_id, exc, lease)
+        finally:
+            with contextlib.suppress(FlowkernelError):
+                kernel.store.release_lease(rerun_id, lease)
+        raise failure from None
+    events = [decode(body) for body in report.replay.read_events(rerun_id)]
+    d = report.divergence
+    verdict = RerunOutcome(of=of, matches=d is None,
+                           divergence=None if d is None else RerunDivergence(kind=d.kind, message=d.message, seq=d.seq))
+    first, last = events[0], events[-1]
+    if isinstance(first, FlowStart):
+        first.rerunOf = of
+    if isinstance(last, FlowComplete):
+        last.rerun = verdict
+    else:
+        events.append(FlowComplete(seq=last.seq + 1, timestamp=now_ms(), flowRunId=rerun_id, status="aborted",
+                                   error=f"a rerun ends where its recording does: the re-execution stopped "
+                                         f"{report.snapshot.status} here", rerun=verdict))
+    flows = kernel.flows_of(record)
+    started = first.flowHash if isinstance(first, FlowStart) else record.flowHash
+    snap = fold(flows(started), events, flows=flows)
+    _copy_history(report.replay, kernel.store, rerun_id)  # before the commit: a reader of its end finds them
+    skeleton, blobs = encode_checkpoint(snap)
+    kernel.store.commit(rerun_id, [(e.seq, e.timestamp, encode(e)) for e in events], snap.status, snap.seq,
+                        snap.error, skeleton, blobs, lease=lease, release=True,
+                        totals=RunTotals(usage=dict(snap.usage), totalCostUsd=snap.totalCostUsd),
+                        agent_runs=fold_agent_runs(flows(started), events, flows=flows,
+                                                  agent_types=kernel.registry))
+    return snap
+
+
+def _copy_history(source: Store, target: Store, run_id: str) -> None:
+    """The agent messages and tool calls of ``run_id`` in ``source``, added to ``target``."""
+    for lister, adder in ((source.list_agent_messages, target.add_agent_message),
+                          (source.list_tool_calls, target.add_tool_call)):
+        after = 0
+        while True:
+            page = lister(flow_run_id=run_id, after=after, limit=1000)
+            for row in page:
+                adder({k: v for k, v in row.items() if k != "id"})
+            if len(page) < 1000:
+                break
+            after = int(page[-1]["id"])
 
 
 def _current_flow(kernel: Kernel, record: RunRecord) -> CompiledFlow:
@@ -241,11 +329,14 @@ def _current_flow(kernel: Kernel, record: RunRecord) -> CompiledFlow:
     return kernel.flow_of(record.runId)
 
 
-def create_fork(kernel: Kernel, run_id: str, at: int, *, input: dict[str, Any] | None = None) -> str:
+def create_fork(kernel: Kernel, run_id: str, at: int, *, input: dict[str, Any] | None = None,
+                pooled: bool = False) -> str:
     """Store a new run holding ``run_id``'s history up to event ``at``; returns its id (nothing runs yet).
 
     ``input`` replaces keys of the run input from here on (nodes already finished keep their outputs).
     Agent conversations are copied as they stood at ``at``, so agents continue where they were.
+    ``pooled``: the workers' to execute (``queue_fork``); it is created leased to ``kernel``, so none
+    takes it before it is handed to them.
     """
     kernel.check_seq(run_id, at)
     record = kernel.store.get_run(run_id)
@@ -287,7 +378,10 @@ def create_fork(kernel: Kernel, run_id: str, at: int, *, input: dict[str, Any] |
     fork_record = RunRecord(runId=fork_id, flowName=record.flowName, flowHash=snap.flowHash, status=snap.status,
                             seq=snap.seq, input=value, createdAt=start.timestamp, updatedAt=start.timestamp,
                             error=snap.error, forkedFrom=run_id, forkedAt=at, flowSource=record.flowSource,
-                            usage=snap.usage, totalCostUsd=snap.totalCostUsd, settings=record.settings)
+                            usage=snap.usage, totalCostUsd=snap.totalCostUsd, settings=record.settings,
+                            pooled=pooled, leaseOwner=kernel.owner if pooled else None,
+                            leaseExpiresAt=start.timestamp + kernel.lease_ttl_ms if pooled else None,
+                            leaseEpoch=1 if pooled else 0)
     skeleton, blobs = encode_checkpoint(snap)
     kernel.store.create_run(fork_record, rows, skeleton, blobs,
                             agent_runs=fold_agent_runs(flows(started), copied, flows=flows,
@@ -337,3 +431,11 @@ async def fork(kernel: Kernel, run_id: str, at: int, *, input: dict[str, Any] | 
         for ev in kernel.events(fork_id):
             on_event(ev)
     return await kernel.execute(fork_id, on_event=on_event, first=[FlowResumed(message=None)])
+
+
+def queue_fork(kernel: Kernel, run_id: str, at: int, *, input: dict[str, Any] | None = None) -> str:
+    """``create_fork``, then handed to the workers with the ``flow:resumed`` that ``fork`` starts it with
+    (``POST /runs/{id}/fork``); returns its id."""
+    fork_id = create_fork(kernel, run_id, at, input=input, pooled=True)
+    kernel.hand_to_pool(fork_id, lambda snap: [FlowResumed(message=None)])
+    return fork_id

@@ -21,7 +21,7 @@ from fastapi import APIRouter, Depends, FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from flowkernel.flowfiles.catalog import FlowCatalog
 from flowkernel.run.kernel import Kernel
-from flowkernel.server import agents, docs_page, execute, flows, problems, runs, stream, webui
+from flowkernel.server import agents, docs_page, execute, flows, problems, runs, stream, webui, workers
 from flowkernel.server.access import AccessLog
 from flowkernel.server.auth import token_check
 from flowkernel.server.crosssite import CrossSiteGuard, cors_origin
@@ -100,6 +100,7 @@ def create_app(kernel: Kernel, config: ServerConfig | None = None, *, feed_store
     guarded.include_router(stream.router)
     guarded.include_router(agents.router)
     guarded.include_router(flows.router)
+    guarded.include_router(workers.router)
     docs_page.add_document(guarded)
     app.include_router(guarded)
     docs_page.mount(app, PREFIX)

@@ -1,4 +1,5 @@
-"""Routes that make a run go on: ``POST /runs`` (a queued run), ``/resume`` and ``/retry``.
+"""Routes that make a run go on: ``POST /runs`` (a queued run), ``/resume``, ``/retry``, and the
+time travel of ``flowkernel fork`` and ``rerun``: ``/fork`` and ``/rerun`` (a new run each).
 
 None of them executes anything in the request: the run is left to the worker pool (DESIGN §11), the
 in-process workers of ``serve --workers N`` or any ``flowkernel worker`` on the same store, exactly
@@ -8,7 +9,7 @@ watching the same feed the event streams read.
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import anyio
 import anyio.to_thread
@@ -20,7 +21,7 @@ from flowkernel.server.document import problems
 from flowkernel.server.feed import Feed
 from flowkernel.server.problems import ApiProblem
 from flowkernel.server.runs import json_response, kernel_of
-from flowkernel.server.views import Accepted, CreateRun, Resume, Retry, RunSummary
+from flowkernel.server.views import Accepted, CreateRun, Fork, Rerun, Resume, Retry, RunSummary
 
 router = APIRouter(tags=["runs"])
 
@@ -145,3 +146,39 @@ async def retry(request: Request, runId: str, body: Retry | None = None) -> Resp
     kernel = kernel_of(request)
     seq = await anyio.to_thread.run_sync(_to_pool, kernel, runId, "retry", body)
     return json_response({"accepted": True, "seq": seq}, status=202)
+
+
+# -- time travel ------------------------------------------------------------------------------------
+
+_NEW_RUN_RESPONSES: dict[int | str, dict[str, Any]] = {
+    201: {"headers": {"Location": {"description": "the new run's URL", "schema": {"type": "string"}}}},
+    **problems(400, 404, 422)}
+
+
+def _created(request: Request, run_id: str) -> Response:
+    summary = kernel_of(request).summary(run_id)
+    location = request.url.path.rsplit("/", 2)[0] + f"/{run_id}"
+    return json_response(summary, status=201, headers={"Location": location})
+
+
+@router.post("/runs/{runId}/fork", status_code=201, response_model=RunSummary, responses=_NEW_RUN_RESPONSES,
+             summary="Start a new run from the snapshot after event `at` (a worker executes it)")
+async def fork(request: Request, runId: str, body: Fork) -> Response:
+    """As ``flowkernel fork RUN --at SEQ``: the new run holds this run's history up to ``at`` (agent
+    conversations as they stood then), records ``forkedFrom`` and ``forkedAt``, and goes on from there."""
+    from flowkernel.run.timetravel import queue_fork
+
+    kernel = kernel_of(request)
+    fork_id = await anyio.to_thread.run_sync(lambda: queue_fork(kernel, runId, body.at, input=body.input))
+    return await anyio.to_thread.run_sync(_created, request, fork_id)
+
+
+@router.post("/runs/{runId}/rerun", status_code=201, response_model=RunSummary, responses=_NEW_RUN_RESPONSES,
+             summary="Execute the run again from its own recording (a worker executes it)")
+async def rerun(request: Request, runId: str, body: Rerun) -> Response:
+    """As ``flowkernel rerun RUN``: the run's flow and input, its model calls and replies served from this
+    run's recording. The new run's ``flow:complete`` carries ``rerun: {of, matches, divergence}``."""
+    from flowkernel.run.timetravel import create_rerun
+
+    rerun_id = await anyio.to_thread.run_sync(create_rerun, kernel_of(request), runId)
+    return await anyio.to_thread.run_sync(_created, request, rerun_id)

@@ -52,17 +52,36 @@ def _page_body(items: list[bytes], cursor: str | None) -> bytes:
     return b'{"items":[' + b",".join(items) + b'],"nextCursor":' + _encode(cursor) + b"}"
 
 
-@router.get("/runs", response_model=Page[RunSummary], summary="List runs, newest first", responses=problems(400))
+ORDERS = ("newest", "oldest")
+
+
+@router.get("/runs", response_model=Page[RunSummary], responses=problems(400),
+            summary="List runs, newest first (or oldest first: the queue as workers take it)")
 def list_runs(request: Request, status: Annotated[str | None, Query(json_schema_extra={"enum": list(STATUSES)})] = None,
-              flow: str | None = None, parentRunId: str | None = None, limit: Limit = DEFAULT_LIMIT,
-              cursor: RunsCursor = None) -> Response:
+              flow: str | None = None, parentRunId: str | None = None,
+              runIdPrefix: Annotated[str | None, Query(min_length=1, max_length=100,
+                                                       description="only runs whose id starts with this")] = None,
+              error: Annotated[str | None, Query(min_length=1, max_length=500,
+                                                 description="only runs whose error contains this text, "
+                                                             "whatever the case")] = None,
+              order: Annotated[str, Query(json_schema_extra={"enum": list(ORDERS)},
+                                          description="`newest` first (default) or `oldest` first: "
+                                                      "`status=queued&order=oldest` is the queue in the order "
+                                                      "workers claim it")] = "newest",
+              limit: Limit = DEFAULT_LIMIT, cursor: RunsCursor = None) -> Response:
     if status is not None and status not in STATUSES:
         raise ApiProblem(400, f"status: {status!r} is not a run status; use one of {', '.join(STATUSES)}",
                          errors=[("status", "unknown status")], kind="invalid-parameter")
+    if order not in ORDERS:
+        raise ApiProblem(400, f"order: {order!r} is not an order; use newest or oldest",
+                         errors=[("order", "unknown order")], kind="invalid-parameter")
     cursors = cursors_of(request)
+    # A cursor keeps its list's order: one of a newest-first list is refused by an oldest-first one.
+    kind = "runs" if order == "newest" else "runs-oldest"
     items, last = kernel_of(request).run_page(status=status, flow=flow, parent=parentRunId,
-                                              before=cursors.decode("runs", cursor), limit=limit)
-    return json_response({"items": items, "nextCursor": cursors.encode("runs", last)})
+                                              before=cursors.decode(kind, cursor), limit=limit,
+                                              oldest=order == "oldest", id_prefix=runIdPrefix, error=error)
+    return json_response({"items": items, "nextCursor": cursors.encode(kind, last)})
 
 
 @router.get("/runs/{runId}", response_model=RunDetail, summary="A run: summary, snapshot and child runs",

@@ -67,6 +67,8 @@ class RunInfo(RunSummary):
     parentNodeRunId: str | None = None
     forkedFrom: str | None = None
     forkedAt: int | None = None
+    rerunOf: str | None = Field(None, description="a rerun: the run whose recording it replays; its "
+                                                  "`flow:complete` says whether it matched (`rerun`)")
     idempotencyKey: str | None = None
     pooled: bool = Field(False, description="the worker pool executes the run (it was queued): `/resume` and "
                                             "`/retry` hand it back to the workers; a run a `flowkernel run` process "
@@ -99,6 +101,23 @@ class Event(BaseModel):
     seq: int
     timestamp: int
     flowRunId: str
+
+
+class Worker(BaseModel):
+    """A live worker, as ``flowkernel workers --json`` prints it."""
+
+    workerId: str = Field(description="its owner id on the leases it holds (host:pid:…)")
+    host: str
+    pid: int
+    startedAt: int = Field(description="Unix ms")
+    heartbeatAt: int = Field(description="Unix ms of its last heartbeat")
+    concurrency: int = Field(description="runs it executes at once, at most")
+    leaseMs: int = Field(description="its lease time: how soon another worker takes its runs over if it dies")
+    runs: list[str] = Field(description="the runs whose lease it holds")
+
+
+class Workers(BaseModel):
+    items: list[Worker] = Field(description="every live worker (a list that is never paged: one row per process)")
 
 
 class FlowInfo(BaseModel):
@@ -160,6 +179,18 @@ class Retry(_Body):
     model_config = ConfigDict(extra="forbid", json_schema_extra=_flow_update)
     message: str | None = Field(None, description="delivered to every interrupted node run")
     flowDocument: dict[str, Any] | None = Field(None, description=_UPDATE)
+
+
+class Fork(_Body):
+    at: int = Field(ge=1, le=2**53 - 1, description="the seq of the event whose snapshot the new run starts from")
+    input: dict[str, Any] | None = Field(None, description=(
+        "input keys to change from here on (nodes that have finished keep their outputs), as "
+        "`flowkernel fork --input K=V`; the input as changed must satisfy the flow's `inputs`"))
+
+
+class Rerun(_Body):
+    """Nothing to give: the run's flow (its file as it is now, else the stored one) and input, as
+    ``flowkernel rerun RUN``."""
 
 
 class Send(_Body):

@@ -196,8 +196,11 @@ class Store(Protocol):
     def get_run(self, run_id: str) -> RunRecord: ...
     def list_runs(self, status: str | None = None, parent: str | None = None, limit: int = 1000) -> list[RunRecord]: ...
     def page_runs(self, *, status: str | None = None, flow: str | None = None, parent: str | None = None,
-                  before: int | None = None, limit: int = 50) -> list[RunRecord]:
-        """Runs newest first (by ``runNo``), those with ``runNo < before`` when given: keyset pages."""
+                  before: int | None = None, limit: int = 50, after: int | None = None, oldest: bool = False,
+                  id_prefix: str | None = None, error: str | None = None) -> list[RunRecord]:
+        """Runs newest first (by ``runNo``), those with ``runNo < before`` when given: keyset pages; with
+        ``oldest``, oldest first, those with ``runNo > after``. ``id_prefix``: run ids that start with it;
+        ``error``: runs whose error contains it, whatever the case."""
         ...
     def count_runs(self, *, status: str | None = None, flow: str | None = None, parent: str | None = None,
                    before: int | None = None) -> int:

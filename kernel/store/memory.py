@@ -107,11 +107,16 @@ class MemoryStore:
         return sorted(runs, key=lambda r: (r.createdAt, r.runId), reverse=True)[:limit]
 
     def page_runs(self, *, status: str | None = None, flow: str | None = None, parent: str | None = None,
-                  before: int | None = None, limit: int = 50) -> list[RunRecord]:
+                  before: int | None = None, limit: int = 50, after: int | None = None, oldest: bool = False,
+                  id_prefix: str | None = None, error: str | None = None) -> list[RunRecord]:
+        needle = error.lower() if error is not None else None
         runs = [r for r in self._runs.values()
                 if (status is None or r.status == status) and (flow is None or r.flowName == flow)
-                and (parent is None or r.parentRunId == parent) and (before is None or (r.runNo or 0) < before)]
-        return sorted(runs, key=lambda r: r.runNo or 0, reverse=True)[:limit]
+                and (parent is None or r.parentRunId == parent) and (before is None or (r.runNo or 0) < before)
+                and (after is None or (r.runNo or 0) > after)
+                and (id_prefix is None or r.runId.startswith(id_prefix))
+                and (needle is None or (r.error is not None and needle in r.error.lower()))]
+        return sorted(runs, key=lambda r: r.runNo or 0, reverse=not oldest)[:limit]
 
     def count_runs(self, *, status: str | None = None, flow: str | None = None, parent: str | None = None,
                    before: int | None = None) -> int:

@@ -42,6 +42,7 @@ from flowkernel.errors import FlowkernelError, LeaseLostError
 from flowkernel.ids import now_ms
 from flowkernel.run.kernel import Kernel, owner_dead
 from flowkernel.run.loop import RunExecution
+from flowkernel.run.timetravel import execute_rerun, is_rerun
 from flowkernel.store.base import Claim, WorkerRecord
 from flowkernel.workers.defaults import DEFAULT_CONCURRENCY, DEFAULT_GRACE_S
 
@@ -200,7 +201,10 @@ class Worker:
             log.info("claimed %s to recover it: the process that executed it is gone", run_id)
         began = time.monotonic()
         try:
-            snap = await kernel.recover(run_id, claim.lease, on_execution=self._watch)
+            if claim.status == "queued" and is_rerun(kernel.store.get_run(run_id)):
+                snap = await execute_rerun(kernel, run_id, claim.lease)
+            else:
+                snap = await kernel.recover(run_id, claim.lease, on_execution=self._watch)
             _ended(snap, time.monotonic() - began, stopping=self._stopping)
         except LeaseLostError as exc:
             log.warning("%s: %s", run_id, exc)

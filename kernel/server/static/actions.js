@@ -102,7 +102,9 @@ export class Actions {
       buttons.append(this.button("Retry failed nodes", "retry", () => ({}), { why: why("retry"), noteId }));
     }
     if (buttons.childElementCount) parts.push(buttons);
-    if (allowed.includes("resume")) parts.push(this.resumeForm({ why: why("resume"), noteId }));
+    const pause = snap.budgetPause;
+    const spent = pause && typeof pause === "object" && typeof pause.limitUsd === "number" ? `$${pause.limitUsd}` : null;
+    if (allowed.includes("resume")) parts.push(this.resumeForm({ why: why("resume"), noteId }, spent));
     if (allowed.includes("abort")) parts.push(this.abortForm());
     if (!parts.length) {
       parts.push(h("p", { class: "empty" }, detail.run.status === "completed" || detail.run.status === "aborted"
@@ -198,18 +200,36 @@ export class Actions {
     return form;
   }
 
-  resumeForm(unavailable = {}) {
+  resumeForm(unavailable = {}, budgetPaused = null) {
     const id = uid("resume");
+    const budgetId = uid("budget");
     const input = h("input", { id, name: "message", type: "text", placeholder: "continue" });
+    // `resume --budget USD`: the new limit for what paused the run for its budget (or the run's budget).
+    const budget = h("input", { id: budgetId, name: "budget", type: "number", min: "0", step: "any", inputmode: "decimal",
+      placeholder: budgetPaused ? `more than ${budgetPaused}` : "unchanged", class: "budget" });
     const submit = h("button", { type: "submit", class: "primary" }, "Resume");
-    const form = h("form", { class: "resume-form inline-form", "aria-label": "resume the run" },
-      h("label", { for: id }, "Resume with a message"), input, submit);
+    const form = h("form", { class: "resume-form inline-form", "aria-label": "resume the run", novalidate: true },
+      h("label", { for: id }, "Resume with a message"), input,
+      h("label", { for: budgetId }, "Budget (USD)"), budget, submit);
     form.addEventListener("submit", (event) => {
       event.preventDefault();
-      this.command("resume", input.value.trim() ? { message: input.value } : {}, [submit]);
+      const body = input.value.trim() ? { message: input.value } : {};
+      if (budget.value.trim() !== "") {
+        const usd = Number(budget.value);
+        if (!Number.isFinite(usd) || usd <= 0) {
+          this.showRefusal("resume", new Error("the budget must be a number of US dollars above 0"));
+          budget.setAttribute("aria-invalid", "true");
+          budget.focus();
+          return;
+        }
+        budget.removeAttribute("aria-invalid");
+        body.budget = usd;
+      }
+      this.command("resume", body, [submit]);
     });
     if (unavailable.why) {
       disable(input, unavailable);
+      disable(budget, unavailable);
       disable(submit, unavailable);
     }
     return form;

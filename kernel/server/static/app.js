@@ -1,10 +1,13 @@
-// The web UI's entry point: hash routes (#/ the runs list, #/runs/RUN?at=SEQ a run), the token
-// prompt, and the server's version in the top bar. Hash routes keep serving to one static mount.
+// The web UI's entry point: hash routes (#/ the runs list, #/runs/RUN?at=SEQ a run, #/flows the
+// flows and their start forms, #/workers the workers and the queue), the token prompt, and the
+// server's version in the top bar. Hash routes keep serving to one static mount.
 
 import { ApiError, api, forgetToken, hasToken, setTokenPrompt } from "./api.js";
 import { h, replaceChildren } from "./dom.js";
+import { FlowsPage } from "./flows.js";
 import { RunPage } from "./run.js";
 import { RunsPage } from "./runs.js";
+import { WorkersPage } from "./workers.js";
 
 const main = document.getElementById("main");
 let page = null;
@@ -16,16 +19,32 @@ function parseHash() {
   return { path, params: new URLSearchParams(cut < 0 ? "" : raw.slice(cut + 1)) };
 }
 
+/** The page for an address: [key, make(), title]. */
+function pageFor(path, params) {
+  const run = path.match(/^\/runs\/([^/]+)\/?$/);
+  if (run) {
+    const id = decodeURIComponent(run[1]);
+    return [`run:${id}`, () => new RunPage(id, params), `${id} · flowkernel`];
+  }
+  const flow = path.match(/^\/flows(?:\/([^/]+))?\/?$/);
+  if (flow) return ["flows", () => new FlowsPage(params, flow[1] ? decodeURIComponent(flow[1]) : null), "Flows · flowkernel"];
+  if (/^\/workers\/?$/.test(path)) return ["workers", () => new WorkersPage(params), "Workers · flowkernel"];
+  return ["runs", () => new RunsPage(params), "Runs · flowkernel"];
+}
+
 function route() {
   const { path, params } = parseHash();
-  const match = path.match(/^\/runs\/([^/]+)\/?$/);
-  const key = match ? `run:${match[1]}` : "runs";
-  if (page && page.key === key && page.update(params)) return;
+  const [key, make, title] = pageFor(path, params);
+  for (const link of document.querySelectorAll("nav[aria-label=main] a")) {
+    if (link.dataset.page === key.split(":")[0]) link.setAttribute("aria-current", "page");
+    else link.removeAttribute("aria-current");
+  }
+  if (page && page.key === key && page.update(params, path)) return;
   if (page) page.dispose();
-  page = match ? new RunPage(decodeURIComponent(match[1]), params) : new RunsPage(params);
+  page = make();
   page.key = key;
   replaceChildren(main, page.element);
-  document.title = match ? `${decodeURIComponent(match[1])} · flowkernel` : "Runs · flowkernel";
+  document.title = title;
   page.start();
 }
 

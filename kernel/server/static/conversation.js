@@ -4,11 +4,12 @@
 import { allItems, api, ApiError } from "./api.js";
 import { h, replaceChildren } from "./dom.js";
 import { cost, datetime, duration, preview, valueBlock } from "./format.js";
+import { markdown } from "./markdown.js";
 
 function block(b) {
   switch (b && b.type) {
     case "text":
-      return h("div", { class: "block block-text" }, valueBlock(b.text, { className: "prose" }));
+      return h("div", { class: "block block-text" }, markdown(b.text));
     case "thinking":
       return h("details", { class: "block block-thinking" }, h("summary", {}, "thinking"),
         valueBlock(b.thinking, { className: "prose" }));

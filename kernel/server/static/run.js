@@ -6,13 +6,13 @@
 // re-reads the run (GET /runs/{id}, or ?at=SEQ for a past snapshot) when events arrive.
 
 import { Actions } from "./actions.js";
-import { api, ApiError, followStream } from "./api.js";
+import { api, ApiError, followStream, post } from "./api.js";
 import { Agents } from "./conversation.js";
 import { h, replaceChildren, uid } from "./dom.js";
 import { cost, datetime, duration, preview, usage, valueBlock } from "./format.js";
 import { FlowGraph, forEachProgress } from "./graph.js";
 import { runLink, statusBadge } from "./runs.js";
-import { Timeline } from "./timeline.js";
+import { MODES, Timeline, rerunVerdict } from "./timeline.js";
 
 const REFRESH_DEBOUNCE_MS = 150;
 const ERROR_EVENTS = new Set(["node:error", "agent:error"]);
@@ -25,6 +25,7 @@ export class RunPage {
   constructor(runId, params) {
     this.runId = runId;
     this.at = parseAt(params);
+    this.mode = params.get("timeline") === "order" ? "order" : "node";
     this.live = null; // the run now: {run, snapshot, children}
     this.view = null; // what the graph shows: the run now, or after event `at`
     this.flow = null; // the flow the graph draws: the one the shown snapshot follows
@@ -71,6 +72,7 @@ export class RunPage {
     this.streamState = h("span", { class: "stream-state", role: "status" });
     this.meta = h("dl", { class: "run-meta" });
     this.banner = h("div", { class: "run-error", role: "alert", hidden: true });
+    this.verdict = h("div", { class: "rerun-note", hidden: true });
     this.graph = new FlowGraph(flow, { onSelect: (id) => this.selectNode(id) });
 
     const sliderId = uid("at");
@@ -78,6 +80,11 @@ export class RunPage {
       "aria-describedby": `${sliderId}-out` });
     this.sliderOut = h("output", { id: `${sliderId}-out`, for: sliderId });
     this.liveButton = h("button", { type: "button", onclick: () => this.navigateAt(null) }, "Back to live");
+    this.forkButton = h("button", { type: "button", "aria-expanded": "false", onclick: () => this.toggleFork() },
+      "Fork from here");
+    this.rerunButton = h("button", { type: "button", onclick: () => this.rerun(),
+      title: "Execute this run's flow again, its model calls and replies served from this run's recording" }, "Rerun");
+    this.forkPanel = this.forkForm();
     this.slider.addEventListener("input", () => this.labelSlider(Number(this.slider.value)));
     this.slider.addEventListener("change", () => this.navigateAt(Number(this.slider.value), true));
     this.travelNote = h("p", { class: "travel-note", hidden: true });
@@ -85,13 +92,19 @@ export class RunPage {
     this.inspector = h("div", { class: "inspector", "aria-live": "polite" },
       h("p", { class: "empty" }, "Select a node to see its status, output and errors."));
     this.actions = new Actions({ runId: this.runId, flow, onCommand: () => this.refreshSoon(0) });
-    this.timeline = new Timeline({ onPickSeq: (seq) => this.navigateAt(seq) });
+    this.timeline = new Timeline({ onPickSeq: (seq) => this.navigateAt(seq), mode: this.mode,
+      runError: () => (this.live ? this.live.run.error : null) });
+    this.modeButtons = Object.entries(MODES).map(([mode, label]) => h("button", { type: "button",
+      "aria-pressed": String(mode === this.mode), dataset: { mode }, onclick: () => this.navigate({ timeline: mode }) },
+    label));
     this.agents = new Agents(this.runId);
     this.snapshotPanel = h("div", { class: "snapshot-panel" });
     this.runPanel = h("div", { class: "run-panel" });
     this.errorCount = h("span", { class: "count", hidden: true });
 
-    const tabs = [["timeline", "Timeline", this.timeline.element], ["agents", "Agents", this.agents.element],
+    const timelineView = [h("div", { class: "timeline-head", role: "group", "aria-label": "order of the timeline" },
+      h("span", { class: "label" }, "Events"), this.modeButtons), this.timeline.element];
+    const tabs = [["timeline", "Timeline", timelineView], ["agents", "Agents", this.agents.element],
       ["snapshot", "Snapshot", this.snapshotPanel], ["details", ["Run", this.errorCount], this.runPanel]];
     this.tabButtons = new Map();
     this.tabPanels = new Map();
@@ -117,14 +130,16 @@ export class RunPage {
           h("a", { href: `#/?flow=${encodeURIComponent(flow.name)}` }, flow.name)),
         h("div", { class: "title-line" }, this.title, this.badge, this.streamState),
         flow.description ? h("p", { class: "description" }, flow.description) : null,
-        this.meta, this.banner),
+        this.meta, this.verdict, this.banner),
       h("div", { class: "run-grid" },
         this.left = h("div", { class: "left" },
           h("section", { class: "graph-panel", "aria-labelledby": "graph-title" },
             h("div", { class: "panel-head" }, h("h2", { id: "graph-title" }, "Flow"), legend()),
             h("div", { class: "graph-scroll" }, this.graph.element),
             h("div", { class: "travel" },
-              h("label", { for: sliderId }, "Snapshot after event"), this.slider, this.sliderOut, this.liveButton),
+              h("label", { for: sliderId }, "Snapshot after event"), this.slider, this.sliderOut,
+              h("div", { class: "buttons travel-buttons" }, this.liveButton, this.forkButton, this.rerunButton)),
+            this.forkPanel,
             this.travelNote,
             this.inspector),
           this.actions.element),
@@ -190,9 +205,14 @@ export class RunPage {
     this.types.set(event.seq, event.type);
     this.timeline.add(event);
     this.agents.add(event);
+    if (event.type === "flow:complete" && event.rerun) {
+      replaceChildren(this.verdict, rerunVerdict(event.rerun));
+      this.verdict.hidden = false;
+    }
     if (ERROR_EVENTS.has(event.type) || (event.type === "flow:complete" && event.error)) {
       this.errors.push(event);
       this.renderErrors();
+      if (this.live && this.live.run.error) this.renderBanner(this.live.run);
     }
     if (event.seq > this.lastSeq) {
       this.lastSeq = event.seq;
@@ -237,14 +257,110 @@ export class RunPage {
   // -- time travel ------------------------------------------------------------------------------
 
   navigateAt(seq, replace = false) {
-    const hash = `#/runs/${encodeURIComponent(this.runId)}${seq === null ? "" : `?at=${seq}`}`;
+    this.navigate({ at: seq === null ? null : String(seq) }, replace);
+  }
+
+  /** Change the address's parameters (``at``, ``timeline``): the page follows it (``update``). */
+  navigate(changes, replace = false) {
+    const q = new URLSearchParams();
+    const values = { at: this.at === null ? null : String(this.at), timeline: this.mode === "node" ? null : this.mode,
+      ...changes };
+    if (values.timeline === "node") values.timeline = null;
+    for (const [key, value] of Object.entries(values)) if (value !== null && value !== undefined) q.set(key, value);
+    const text = q.toString();
+    const hash = `#/runs/${encodeURIComponent(this.runId)}${text ? `?${text}` : ""}`;
     if (replace) location.replace(hash);
     else location.hash = hash;
   }
 
   update(params) {
+    const mode = params.get("timeline") === "order" ? "order" : "node";
+    if (mode !== this.mode && this.timeline) {
+      this.mode = mode;
+      this.timeline.setMode(mode);
+      for (const b of this.modeButtons) b.setAttribute("aria-pressed", String(b.dataset.mode === mode));
+    }
     this.setAt(parseAt(params));
     return true;
+  }
+
+  // -- fork and rerun ---------------------------------------------------------------------------
+
+  /** The event a fork starts after: the one the slider shows. */
+  forkSeq() {
+    return this.at === null ? this.lastSeq : this.at;
+  }
+
+  forkForm() {
+    const id = uid("fork-input");
+    this.forkInput = h("textarea", { id, name: "input", rows: 3, class: "json", spellcheck: "false",
+      placeholder: '{"key": "a new value"}' });
+    this.forkTitle = h("h3", {}, "Fork");
+    this.forkError = h("p", { class: "field-error", hidden: true, role: "alert" });
+    const submit = h("button", { type: "submit", class: "primary" }, "Start the fork");
+    const form = h("form", { class: "fork-form card", hidden: true, novalidate: true, "aria-label": "fork the run" },
+      this.forkTitle,
+      h("p", { class: "hint" }, "A new run with this run's history up to the event, going on from there. Change input " +
+        "values from here on (nodes that have finished keep their outputs), or leave it empty."),
+      h("div", { class: "field" }, h("label", { for: id }, "Input changes (JSON object, optional)"), this.forkInput),
+      this.forkError, h("div", { class: "buttons" }, submit));
+    form.addEventListener("submit", async (event) => {
+      event.preventDefault();
+      const body = { at: this.forkSeq() };
+      const text = this.forkInput.value.trim();
+      this.forkError.hidden = true;
+      if (text) {
+        let value;
+        try { value = JSON.parse(text); } catch { value = undefined; }
+        if (!value || typeof value !== "object" || Array.isArray(value)) {
+          this.forkError.textContent = "Input changes must be a JSON object, such as {\"name\": \"Ada\"}";
+          this.forkError.hidden = false;
+          this.forkInput.setAttribute("aria-invalid", "true");
+          this.forkInput.focus();
+          return;
+        }
+        body.input = value;
+      }
+      this.forkInput.removeAttribute("aria-invalid");
+      await this.startRun(`/runs/${encodeURIComponent(this.runId)}/fork`, body, [submit], this.forkError);
+    });
+    return form;
+  }
+
+  toggleFork() {
+    const open = this.forkPanel.hidden;
+    this.forkPanel.hidden = !open;
+    this.forkButton.setAttribute("aria-expanded", String(open));
+    this.labelFork();
+    if (open) this.forkInput.focus();
+  }
+
+  labelFork() {
+    if (!this.forkTitle) return;
+    const seq = this.forkSeq();
+    this.forkTitle.textContent = `Fork from the snapshot after event #${seq}${this.types.has(seq) ? ` (${this.types.get(seq)})` : ""}`;
+  }
+
+  async rerun() {
+    await this.startRun(`/runs/${encodeURIComponent(this.runId)}/rerun`, {}, [this.rerunButton], null);
+  }
+
+  /** POST a new run (fork, rerun) and open it; a refusal is shown where ``where`` says (or the actions'). */
+  async startRun(path, body, controls, where) {
+    controls.forEach((c) => { c.disabled = true; });
+    try {
+      const run = await post(path, body);
+      location.hash = `#/runs/${encodeURIComponent(run.runId)}`;
+    } catch (error) {
+      if (where) {
+        where.textContent = `Refused: ${error.message}`;
+        where.hidden = false;
+      } else {
+        this.actions.showRefusal(path.endsWith("/rerun") ? "rerun" : "fork", error);
+      }
+    } finally {
+      controls.forEach((c) => { c.disabled = false; });
+    }
   }
 
   async setAt(at, { force = false } = {}) {
@@ -280,6 +396,9 @@ export class RunPage {
     if (document.activeElement !== this.slider || this.at === null) this.slider.value = String(value);
     this.labelSlider(value);
     this.liveButton.disabled = this.at === null;
+    this.forkButton.disabled = this.lastSeq < 1;
+    this.rerunButton.disabled = this.lastSeq < 1;
+    this.labelFork();
   }
 
   labelSlider(value) {
@@ -301,15 +420,30 @@ export class RunPage {
       item("tokens", usage(run.usage)),
       item("events", String(run.seq)),
       run.parentRunId ? item("parent", runLink(run.parentRunId)) : null,
+      run.forkedFrom ? item("fork of", h("a", { href: `#/runs/${encodeURIComponent(run.forkedFrom)}?at=${run.forkedAt}` },
+        `${run.forkedFrom} at #${run.forkedAt}`)) : null,
+      run.rerunOf ? item("rerun of", runLink(run.rerunOf)) : null,
       this.live.children.length ? item("children", String(this.live.children.length)) : null);
     this.banner.hidden = !run.error;
-    if (run.error) replaceChildren(this.banner, h("strong", {}, `Run ${run.status}: `), run.error);
+    if (run.error) this.renderBanner(run);
+    this.timeline.runErrorChanged();
     if (this.actions.update(this.live)) {
       // A question for the reader comes first; otherwise the graph does.
       if (this.actions.asksForReply) this.left.prepend(this.actions.element);
       else this.left.append(this.actions.element);
     }
     this.renderRunPanel();
+  }
+
+  /** The run's error, the one place the page shows it whole: several lines keep their breaks (a fixture
+   * diff's recorded and live lines align), with the details of the node error it comes from. */
+  renderBanner(run) {
+    const source = [...this.errors].reverse().find((e) => e.type !== "flow:complete" && e.message
+      && run.error.includes(e.message) && e.details !== undefined && e.details !== null);
+    const text = run.error.includes("\n") ? h("pre", { class: "error-message" }, run.error) : run.error;
+    replaceChildren(this.banner, h("strong", {}, `Run ${run.status}: `), text,
+      source ? h("details", { class: "value-details" }, h("summary", {}, `details (event #${source.seq})`),
+        valueBlock(source.details)) : null);
   }
 
   /** The flow ``view``'s snapshot follows (fetched once per flow: most runs only ever have one). */
@@ -426,13 +560,16 @@ export class RunPage {
   renderErrors() {
     if (!this.errorsSection || !this.live) return;
     const body = this.errorsSection.querySelector(".errors-body");
-    const faults = Object.entries(this.live.snapshot.faults || {});
+    // A node's fault is the message of its last node:error: listed once, by the event when it is here.
+    const reported = new Set(this.errors.filter((e) => e.type === "node:error").map((e) => e.nodeId));
+    const faults = Object.entries(this.live.snapshot.faults || {}).filter(([node]) => !reported.has(node));
     const items = [
       ...faults.map(([node, f]) => h("li", { class: "fault" }, h("strong", {}, node), ` ${f.errorType}: ${f.message}`)),
       ...this.errors.map((e) => h("li", {},
         h("button", { type: "button", class: "seq", onclick: () => this.navigateAt(e.seq) }, `#${e.seq}`), " ",
         h("span", { class: "ev-type" }, e.type), " ", e.nodeId ? h("strong", {}, e.nodeId) : null, " ",
-        e.type === "flow:complete" ? e.error : `${e.errorType}: ${e.message}`,
+        e.type === "flow:complete" ? (e.error === this.live.run.error ? `run ${e.status} (the error above)` : e.error)
+          : `${e.errorType}: ${e.message}`,
         e.details !== undefined && e.details !== null ? valueBlock(e.details) : null)),
     ];
     replaceChildren(body, items.length ? h("ul", { class: "errors" }, items) : h("p", { class: "empty" }, "None."));

@@ -1,9 +1,10 @@
-// The runs list: newest first, filtered by status and flow, a page at a time (the API's keyset
-// cursors), refreshed every few seconds while the tab is visible.
+// The runs list: newest first, filtered by status and flow and searched by run id (its start) and
+// error text, a page at a time (the API's keyset cursors), refreshed every few seconds while the tab
+// is visible. The filter is in the address, so a search can be shared.
 
 import { allItems, api, ApiError } from "./api.js";
 import { h, replaceChildren, uid } from "./dom.js";
-import { ago, cost, datetime, duration } from "./format.js";
+import { ago, cost, datetime, duration, preview } from "./format.js";
 
 // "interrupted": stored as running, but no process executes it (the API lists it apart from "running").
 export const STATUSES = ["queued", "running", "interrupted", "paused", "waiting", "completed", "failed", "aborted"];
@@ -33,6 +34,16 @@ export class RunsPage {
     this.flowSelect = h("select", { id: flowId, name: "flow" }, h("option", { value: "" }, "any flow"));
     this.statusSelect.addEventListener("change", () => this.filter());
     this.flowSelect.addEventListener("change", () => this.filter());
+    const idId = uid("run-id");
+    const errorId = uid("error");
+    this.idInput = h("input", { id: idId, name: "run", type: "search", placeholder: "run_…", autocomplete: "off",
+      spellcheck: "false", maxlength: 100 });
+    this.errorInput = h("input", { id: errorId, name: "error", type: "search", placeholder: "text in the error",
+      autocomplete: "off", maxlength: 500 });
+    for (const input of [this.idInput, this.errorInput]) {
+      input.addEventListener("change", () => this.filter()); // Enter, or leaving the field
+      input.addEventListener("search", () => this.filter()); // the clear button
+    }
     this.updated = h("span", { class: "updated", "aria-live": "off" });
     this.newer = h("button", { type: "button", onclick: () => this.go(this.older.pop() ?? null, false) }, "← Newer");
     this.newest = h("button", { type: "button", onclick: () => { this.older = []; this.go(null, false); } }, "Newest");
@@ -41,13 +52,17 @@ export class RunsPage {
     this.message = h("div", { class: "page-message", role: "status" });
     this.element = h("div", { class: "runs-page" },
       h("div", { class: "page-head" }, h("h1", {}, "Runs"), this.updated),
-      h("form", { class: "filters", role: "search", "aria-label": "filter runs", onsubmit: (e) => e.preventDefault() },
-        h("label", { for: statusId }, "Status"), this.statusSelect,
-        h("label", { for: flowId }, "Flow"), this.flowSelect),
+      h("form", { class: "filters", role: "search", "aria-label": "filter runs",
+        onsubmit: (e) => { e.preventDefault(); this.filter(); } },
+        h("span", { class: "filter" }, h("label", { for: statusId }, "Status"), this.statusSelect),
+        h("span", { class: "filter" }, h("label", { for: flowId }, "Flow"), this.flowSelect),
+        h("span", { class: "filter" }, h("label", { for: idId }, "Run id"), this.idInput),
+        h("span", { class: "filter" }, h("label", { for: errorId }, "Error"), this.errorInput),
+        h("button", { type: "submit" }, "Search")),
       this.message,
       h("div", { class: "table-scroll" }, h("table", { class: "runs" },
         h("caption", { class: "visually-hidden" }, "Runs, newest first"),
-        h("thead", {}, h("tr", {}, ["Status", "Run", "Flow", "Created", "Duration", "Cost", "Parent"]
+        h("thead", {}, h("tr", {}, ["Status", "Run", "Flow", "Created", "Duration", "Cost", "Parent", "Error"]
           .map((c) => h("th", { scope: "col", class: c === "Duration" || c === "Cost" ? "num" : null }, c)))),
         this.tbody)),
       h("nav", { class: "pager", "aria-label": "pages of runs" }, this.newest, this.newer, this.olderButton));
@@ -60,6 +75,8 @@ export class RunsPage {
     const flow = params.get("flow") || "";
     this.addFlowOption(flow);
     this.flowSelect.value = flow;
+    this.idInput.value = params.get("run") || "";
+    this.errorInput.value = params.get("error") || "";
     this.cursor = params.get("cursor") || null;
     const limit = Number.parseInt(params.get("limit") || "", 10);
     this.limit = Number.isInteger(limit) && limit >= 1 && limit <= 500 ? limit : PAGE_SIZE;
@@ -79,6 +96,8 @@ export class RunsPage {
     const q = new URLSearchParams();
     if (this.statusSelect.value) q.set("status", this.statusSelect.value);
     if (this.flowSelect.value) q.set("flow", this.flowSelect.value);
+    if (this.idInput.value.trim()) q.set("run", this.idInput.value.trim());
+    if (this.errorInput.value.trim()) q.set("error", this.errorInput.value.trim());
     if (this.limit !== PAGE_SIZE) q.set("limit", String(this.limit));
     if (cursor) q.set("cursor", cursor);
     const text = q.toString();
@@ -86,8 +105,10 @@ export class RunsPage {
   }
 
   filter() {
+    const hash = this.hash(null);
+    if (location.hash === hash) return;
     this.older = [];
-    location.hash = this.hash(null);
+    location.hash = hash;
   }
 
   go(cursor, forward) {
@@ -109,7 +130,8 @@ export class RunsPage {
   async refresh() {
     clearTimeout(this.timer);
     if (this.disposed) return;
-    const query = { status: this.statusSelect.value, flow: this.flowSelect.value, cursor: this.cursor, limit: this.limit };
+    const query = { status: this.statusSelect.value, flow: this.flowSelect.value, cursor: this.cursor, limit: this.limit,
+      runIdPrefix: this.params.get("run") || "", error: this.params.get("error") || "" };
     this.asked = (this.asked || 0) + 1;
     const asked = this.asked;
     try {
@@ -152,12 +174,14 @@ export class RunsPage {
         h("td", { class: "num" }, running ? h("span", { class: "ongoing", title: "so far" }, `${duration(now - run.createdAt)}…`)
           : duration(run.durationMs)),
         h("td", { class: "num" }, cost(run.totalCostUsd)),
-        h("td", {}, run.parentRunId ? runLink(run.parentRunId) : "—"));
+        h("td", {}, run.parentRunId ? runLink(run.parentRunId) : "—"),
+        h("td", { class: "error-cell" }, run.error ? h("span", { title: run.error }, preview(run.error, 200)) : ""));
     });
     if (!rows.length) {
-      const filtered = this.statusSelect.value || this.flowSelect.value;
-      rows.push(h("tr", {}, h("td", { colspan: 7, class: "empty" }, filtered ? "No run matches these filters."
-        : "No runs yet. Start one with `flowkernel run FLOW` or POST /api/v1/runs.")));
+      const filtered = this.statusSelect.value || this.flowSelect.value || this.params.get("run") || this.params.get("error");
+      rows.push(h("tr", {}, h("td", { colspan: 8, class: "empty" }, filtered ? "No run matches these filters."
+        : ["No runs yet. Start one from ", h("a", { href: "#/flows" }, "Flows"),
+          ", with `flowkernel run FLOW --queue`, or POST /api/v1/runs."])));
     }
     replaceChildren(this.tbody, rows);
     if (focused) this.tbody.querySelector(`tr[data-run="${CSS.escape(focused)}"] a`)?.focus();

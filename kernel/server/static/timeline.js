@@ -1,8 +1,10 @@
-// The live timeline of a run's events: run-level events in order, and everything a node run does
-// (its agent's text and thinking as they stream, its tool calls, errors, waits) nested under it.
+// The live timeline of a run's events, read two ways: by node run (run-level events in order, and
+// everything a node run does, its agent's text and thinking as they stream, its tool calls, errors and
+// waits, nested under it) or in order (every event in strict seq order, as the log has them).
 
-import { h } from "./dom.js";
+import { h, replaceChildren } from "./dom.js";
 import { duration, clock, cost, preview, usage, valueBlock } from "./format.js";
+import { markdown } from "./markdown.js";
 
 const NODE_RUN_EVENTS = /^(node:(start|complete|error|waiting)|agent:|inbox:consumed)/;
 const MINOR = new Set(["edge:fire", "edge:skip", "state:patch", "agent:usage", "inbox:consumed"]);
@@ -22,33 +24,87 @@ function textOf(prompt) {
   return typeof prompt === "string" ? prompt : JSON.stringify(prompt);
 }
 
+export const MODES = { node: "by node run", order: "in order" };
+
 export class Timeline {
-  constructor({ onPickSeq }) {
+  /** ``runError()``: the run's error now (the banner above shows it; rows that carry it say so
+   * instead of repeating it). */
+  constructor({ onPickSeq, runError = () => null, mode = "node" }) {
     this.onPickSeq = onPickSeq;
+    this.runError = runError;
+    this.mode = MODES[mode] ? mode : "node";
     this.list = h("ol", { class: "timeline", "aria-label": "events" });
     this.element = h("div", { class: "timeline-scroll", tabindex: 0, "aria-label": "timeline of events" }, this.list);
-    this.groups = new Map(); // node run id -> group
-    this.rows = []; // [{el, seq}] for marking the snapshot position
-    this.t0 = null;
-    this.lastSeq = 0;
+    this.events = []; // every event added, to draw the list again in the other mode
+    this.at = null;
+    this.reset();
     this.follow = true;
     this.scrollPending = false;
     this.element.addEventListener("scroll", () => {
       const el = this.element;
-      this.follow = el.scrollTop + el.clientHeight >= el.scrollHeight - 32;
+      this.follow = this.at === null && el.scrollTop + el.clientHeight >= el.scrollHeight - 32;
     });
   }
 
-  row(event, kind, text, extra = []) {
+  reset() {
+    this.groups = new Map(); // node run id -> group
+    this.rows = []; // [{el, seq}] for marking the snapshot position
+    this.slots = []; // error messages, shown unless the run's error shows them
+    this.t0 = null;
+    this.lastSeq = 0;
+    replaceChildren(this.list);
+    this.list.dataset.mode = this.mode;
+  }
+
+  /** Draw every event again, ``mode`` "node" (grouped by node run) or "order" (strict seq order). */
+  setMode(mode) {
+    if (!MODES[mode] || mode === this.mode) return;
+    this.mode = mode;
+    const events = this.events;
+    this.events = [];
+    this.reset();
+    for (const event of events) this.add(event);
+    this.markAt(this.at);
+  }
+
+  row(event, kind, text, extra = [], node = null) {
     const li = h("li", { class: `ev ev-${kind}${MINOR.has(event.type) ? " minor" : ""}`, dataset: { seq: event.seq } },
       h("div", { class: "ev-line" },
         seqButton(event.seq, this.onPickSeq),
         h("span", { class: "ev-time", title: clock(event.timestamp) }, this.relative(event.timestamp)),
         h("span", { class: "ev-type" }, event.type),
+        node ? h("strong", { class: "ev-node" }, node) : null,
         h("span", { class: "ev-text" }, text)),
       extra);
     this.rows.push({ el: li, seq: event.seq });
     return li;
+  }
+
+  /** An error message, kept up to date with the run's error: a message the run's error already shows
+   * (the banner above) says so instead of repeating it; several lines (a fixture diff's recorded and
+   * live lines) keep their breaks and alignment. ``details`` go with the message, where it is shown. */
+  errorText(message, details = null) {
+    const slot = h("span", { class: "error-slot" });
+    const more = details !== undefined && details !== null ? disclosure("details", details) : null;
+    const entry = { slot, more, message };
+    this.slots.push(entry);
+    this.fill(entry);
+    return more ? [slot, more] : [slot];
+  }
+
+  fill({ slot, more, message }) {
+    const error = this.runError();
+    const shownAbove = Boolean(message && error && error.includes(message));
+    if (slot.dataset.above === String(shownAbove) && slot.childNodes.length) return;
+    slot.dataset.above = String(shownAbove);
+    replaceChildren(slot, shownAbove ? h("span", { class: "see-above" }, "the run's error, shown above")
+      : typeof message === "string" && message.includes("\n") ? h("pre", { class: "error-message" }, message) : message);
+    if (more) more.hidden = shownAbove;
+  }
+
+  /** The run's error changed (it failed, or was retried): rows that carry it say so again. */
+  runErrorChanged() {
+    for (const entry of this.slots) this.fill(entry);
   }
 
   relative(timestamp) {
@@ -60,6 +116,7 @@ export class Timeline {
   add(event) {
     if (event.seq <= this.lastSeq) return; // a reconnect never repeats, but be safe
     this.lastSeq = event.seq;
+    this.events.push(event);
     const nodeRun = event.runId && NODE_RUN_EVENTS.test(event.type) ? event.runId
       : event.type === "command:received" && event.target && this.groups.has(event.target) ? event.target : null;
     if (nodeRun) {
@@ -83,6 +140,14 @@ export class Timeline {
   group(event, nodeRun) {
     let g = this.groups.get(nodeRun);
     if (g) return g;
+    if (this.mode === "order") {
+      // In order: the node run's events are rows of the list itself, each naming its node.
+      const label = `${event.nodeId || "?"}${event.item !== undefined && event.item !== null ? `[${event.item}]` : ""}`;
+      g = { flat: true, label, body: this.list, status: h("span"), took: h("span"), li: h("li"), nodeId: event.nodeId,
+        text: null, thinking: null, state: "running" };
+      this.groups.set(nodeRun, g);
+      return g;
+    }
     const status = h("span", { class: "badge st-running" }, "running");
     const took = h("span", { class: "took" });
     const summary = h("summary", {},
@@ -109,48 +174,62 @@ export class Timeline {
 
   addToGroup(g, e) {
     const add = (li) => g.body.append(li);
+    const row = (event, kind, text, extra = []) => this.row(event, kind, text, extra, g.flat ? g.label : null);
     // A streamed block ends where the node run does something else (a complete block may follow or not).
     if (g.text && e.type !== "agent:text:delta" && e.type !== "agent:text") this.endBlock(g, "text");
     if (g.thinking && e.type !== "agent:thinking:delta" && e.type !== "agent:thinking") this.endBlock(g, "thinking");
     switch (e.type) {
       case "node:start":
         this.setStatus(g, "running");
-        add(this.row(e, "start", `started${e.attempt ? `, attempt ${e.attempt}` : ""}` +
+        add(row(e, "start", `started${e.attempt ? `, attempt ${e.attempt}` : ""}` +
           `${e.resumedFrom ? ` (resumes ${e.resumedFrom})` : ""}`, [disclosure("input", e.input)]));
         break;
       case "node:complete":
         this.setStatus(g, "done");
         if (e.durationMs >= 0) g.took.textContent = duration(e.durationMs);
-        add(this.row(e, "complete", `done in ${duration(e.durationMs ?? 0)}`, [disclosure("output", e.output)]));
+        add(row(e, "complete", `done in ${duration(e.durationMs ?? 0)}`, [disclosure("output", e.output)]));
         break;
       case "node:error":
         this.setStatus(g, "failed", e.willRetry ? "failed, will retry" : "failed");
-        add(this.row(e, "error", `${e.errorType}: ${e.message}` + `${e.willRetry ? " (will retry)" : ""}`));
+        if (e.willRetry) {
+          add(row(e, "error", `${e.errorType}: ${e.message} (will retry)`,
+            e.details !== undefined && e.details !== null ? [disclosure("details", e.details)] : []));
+        } else {
+          const [slot, more] = this.errorText(e.message, e.details);
+          add(row(e, "error", [`${e.errorType}: `, slot], more ? [more] : []));
+        }
         break;
       case "node:waiting":
         this.setStatus(g, "waiting");
         if (e.prompt && typeof e.prompt === "object" && e.prompt.childRunId) {
-          add(this.row(e, "waiting", ["waiting on its child run ", h("a", {
+          add(row(e, "waiting", ["waiting on its child run ", h("a", {
             href: `#/runs/${encodeURIComponent(e.prompt.childRunId)}` }, e.prompt.childRunId)]));
         } else {
-          add(this.row(e, "waiting", "waiting for a reply", [h("pre", { class: "value prompt" }, textOf(e.prompt))]));
+          add(row(e, "waiting", "waiting for a reply", [h("pre", { class: "value prompt" }, textOf(e.prompt))]));
         }
         break;
       case "agent:start":
-        add(this.row(e, "agent", `agent on ${e.model}`, [disclosure("prompt", e.prompt)]));
+        add(row(e, "agent", `agent on ${e.model}`, [disclosure("prompt", e.prompt)]));
         break;
       case "agent:text:delta":
       case "agent:thinking:delta": {
         const key = e.type === "agent:text:delta" ? "text" : "thinking";
-        if (!g[key]) g[key] = this.streamBlock(e, key);
+        if (!g[key]) g[key] = this.streamBlock(g, e, key);
         g[key].pre.append(e.content);
         break;
       }
       case "agent:text":
       case "agent:thinking": {
         const key = e.type === "agent:text" ? "text" : "thinking";
-        const block = g[key] || this.streamBlock(e, key);
-        block.pre.textContent = e.content;
+        const block = g[key] || this.streamBlock(g, e, key);
+        if (key === "text") {
+          // The whole block: Markdown, rendered and sanitised, in place of the streamed text.
+          const rendered = markdown(e.content, { className: "agent-text" });
+          block.pre.replaceWith(rendered);
+          block.pre = rendered;
+        } else {
+          block.pre.textContent = e.content;
+        }
         g[key] = block;
         this.endBlock(g, key);
         break;
@@ -163,30 +242,32 @@ export class Timeline {
           h("summary", {}, h("span", { class: "tool-name" }, e.toolName), ` · ${duration(e.durationMs ?? 0)}`,
             e.error ? h("span", { class: "badge st-failed" }, "error") : null,
             h("span", { class: "tool-preview" }, ` ${preview(e.toolInput, 60)}`)), body);
-        add(this.row(e, "tool", e.error ? "tool call failed" : "tool call", [tool]));
+        add(row(e, "tool", e.error ? "tool call failed" : "tool call", [tool]));
         break;
       }
       case "agent:error":
-        add(this.row(e, "error", `${e.errorType}: ${e.message}`,
-          e.details !== undefined && e.details !== null ? [disclosure("details", e.details, true)] : []));
+        {
+          const [slot, more] = this.errorText(e.message, e.details);
+          add(row(e, "error", [`${e.errorType}: `, slot], more ? [more] : []));
+        }
         break;
       case "agent:usage":
-        add(this.row(e, "usage", `${e.model} · ${usage(e.usage)} · ${cost(e.costUsd ?? 0)}`));
+        add(row(e, "usage", `${e.model} · ${usage(e.usage)} · ${cost(e.costUsd ?? 0)}`));
         break;
       case "agent:complete":
-        add(this.row(e, "agent-done", `agent finished: ${e.numTurns ?? 0} turn${e.numTurns === 1 ? "" : "s"} · ` +
+        add(row(e, "agent-done", `agent finished: ${e.numTurns ?? 0} turn${e.numTurns === 1 ? "" : "s"} · ` +
           `${cost(e.totalCostUsd ?? 0)} · ${duration(e.durationMs ?? 0)}`,
         e.structuredOutput !== undefined && e.structuredOutput !== null
           ? [disclosure("structured output", e.structuredOutput)] : []));
         break;
       case "inbox:consumed":
-        add(this.row(e, "inbox", `took ${e.count} inbox message${e.count === 1 ? "" : "s"}`));
+        add(row(e, "inbox", `took ${e.count} inbox message${e.count === 1 ? "" : "s"}`));
         break;
       case "command:received":
-        add(this.commandRow(e));
+        add(this.commandRow(e, g.flat ? g.label : null));
         break;
       default:
-        add(this.row(e, "other", preview(e, 100)));
+        add(row(e, "other", preview(e, 100)));
     }
   }
 
@@ -195,21 +276,21 @@ export class Timeline {
     g[key] = null;
   }
 
-  streamBlock(e, key) {
+  streamBlock(g, e, key) {
     const pre = h("pre", { class: `agent-${key}` });
-    const li = this.row({ ...e, type: `agent:${key}` }, key, key === "text" ? "agent text" : "thinking", [pre]);
+    const li = this.row({ ...e, type: `agent:${key}` }, key, key === "text" ? "agent text" : "thinking", [pre],
+      g.flat ? g.label : null);
     li.classList.add("streaming");
-    const target = this.groups.get(e.runId);
-    target.body.append(li);
+    g.body.append(li);
     return { li, pre };
   }
 
-  commandRow(e) {
+  commandRow(e, node = null) {
     const verdict = e.accepted ? "accepted" : "refused";
     const text = `${e.command} ${verdict}${e.reason ? `: ${e.reason}` : ""}`;
     const content = e.content !== undefined && e.content !== null ? e.content : e.contentPreview;
     const li = this.row(e, e.accepted ? "command" : "refused", text,
-      content !== undefined && content !== null ? [h("pre", { class: "value" }, textOf(content))] : []);
+      content !== undefined && content !== null ? [h("pre", { class: "value" }, textOf(content))] : [], node);
     return li;
   }
 
@@ -225,10 +306,14 @@ export class Timeline {
         return this.row(e, "flow", `${e.retry ? "retried" : "resumed"}${e.message ? `: ${e.message}` : ""}`);
       case "flow:waiting":
         return this.row(e, "flow", `waiting${e.reason ? `: ${e.reason}` : ""}`);
-      case "flow:complete":
+      case "flow:complete": {
         this.interruptRunning();
-        return this.row(e, e.status === "completed" ? "flow" : "error",
-          `run ${e.status}${e.error ? `: ${e.error}` : ""}`);
+        // The run's error is the banner's: this row says how the run ended, and a rerun's verdict.
+        const error = e.error ? [": ", this.errorText(e.error)[0]] : [];
+        const li = this.row(e, e.status === "completed" ? "flow" : "error", [`run ${e.status}`, ...error]);
+        if (e.rerun) li.append(rerunVerdict(e.rerun));
+        return li;
+      }
       case "edge:fire":
       case "edge:skip":
         return this.row(e, "edge", `${e.from} → ${e.to} ${e.type === "edge:fire" ? "fired" : "skipped"}` +
@@ -254,20 +339,40 @@ export class Timeline {
     }
   }
 
-  /** Dim what happened after seq (null: nothing) and mark the row of seq. */
+  /** Dim what happened after seq (null: nothing), mark the row of seq and scroll it into view (the
+   * timeline stops following the end meanwhile). */
   markAt(seq) {
+    const moved = seq !== this.at;
+    this.at = seq;
+    if (seq !== null) this.follow = false;
+    else if (moved) this.follow = true; // back to live: follow the end again
+    let current = null;
     for (const { el, seq: s } of this.rows) {
       el.classList.toggle("future", seq !== null && s > seq);
-      el.classList.toggle("current", seq !== null && s === seq);
+      const here = seq !== null && s === seq && el.classList.contains("ev");
+      el.classList.toggle("current", here);
+      if (here) current = el;
     }
-    if (seq !== null) {
-      const current = this.rows.find((r) => r.seq === seq);
-      if (current) current.el.scrollIntoView({ block: "nearest" });
+    if (current && (moved || !this.shown)) {
+      this.shown = true;
+      const group = current.closest("li.noderun");
+      if (group) group.querySelector("details").open = true;
+      current.scrollIntoView({ block: "center" });
     }
+    if (moved) this.shown = Boolean(current);
   }
 
   /** Scroll to the latest node run of nodeId and open it. */
   showNode(nodeId) {
+    if (this.mode === "order") {
+      // In order, a node run is its rows: show the last row of the node.
+      const rows = [...this.list.querySelectorAll(":scope > li.ev")].filter((li) => li.querySelector(".ev-node")
+        && [...this.groups.values()].some((g) => g.nodeId === nodeId && li.querySelector(".ev-node").textContent === g.label));
+      const row = rows[rows.length - 1];
+      if (!row) return false;
+      row.scrollIntoView({ block: "nearest" });
+      return true;
+    }
     const groups = [...this.groups.values()].filter((g) => g.nodeId === nodeId);
     const last = groups[groups.length - 1];
     if (!last) return false;
@@ -278,4 +383,18 @@ export class Timeline {
     last.li.classList.add("flash");
     return true;
   }
+}
+
+/** A rerun's verdict on its recording (its flow:complete's ``rerun``). */
+export function rerunVerdict(rerun) {
+  const link = (seq) => h("a", { href: `#/runs/${encodeURIComponent(rerun.of)}${seq ? `?at=${seq}` : ""}` },
+    seq ? `event #${seq} of ${rerun.of}` : rerun.of);
+  if (rerun.matches) {
+    return h("p", { class: "rerun-verdict matches" }, "Matches the recording of ", link(null), ".");
+  }
+  const d = rerun.divergence || {};
+  return h("div", { class: "rerun-verdict diverges" },
+    h("p", {}, "Diverges from the recording", d.seq ? [" at ", link(d.seq)] : [" of ", link(null)],
+      d.kind ? ` (${d.kind})` : "", ":"),
+    h("pre", { class: "error-message" }, d.message || ""));
 }

@@ -215,6 +215,11 @@ _TOOL_CALL_COLUMNS = ("id, flow_run_id, run_id, node_id, session_id, message_id,
                       "output, status, duration_ms, step, created_at")
 
 
+def like_escape(text: str) -> str:
+    """``text`` matched literally by ``LIKE … ESCAPE '\\'``: its ``%``, ``_`` and backslashes escaped."""
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+
+
 def _record(row: Sequence[Any]) -> RunRecord:
     return RunRecord(runId=row[0], flowName=row[1], flowHash=row[2], status=row[3], seq=row[4],
                      input=loads(row[5]), createdAt=row[6], updatedAt=row[7], error=row[8],
@@ -582,30 +587,45 @@ class SqlStore(SqlArchive, ABC):
         params.append(limit)
         return [_record(r) for r in self._query(sql, params)]
 
-    def page_runs(self, *, status: str | None = None, flow: str | None = None, parent: str | None = None,
-                  before: int | None = None, limit: int = 50) -> list[RunRecord]:
+    def _run_filters(self, status: str | None, flow: str | None, parent: str | None, id_prefix: str | None,
+                     error: str | None) -> tuple[str, list[Any]]:
         p = self.param
-        sql = f"SELECT {_RUN_SELECT} FROM runs WHERE run_no IS NOT NULL"
+        sql = ""
         params: list[Any] = []
-        for cond, val in (("status =", status), ("flow_name =", flow), ("parent_run_id =", parent),
-                          ("run_no <", before)):
+        for cond, val in (("status =", status), ("flow_name =", flow), ("parent_run_id =", parent)):
             if val is not None:
                 sql += f" AND {cond} {p}"
                 params.append(val)
-        sql += f" ORDER BY run_no DESC LIMIT {p}"
+        if id_prefix is not None:
+            sql += f" AND run_id LIKE {p} ESCAPE '\\'"
+            params.append(like_escape(id_prefix) + "%")
+        if error is not None:  # both sides lowered by the database: one notion of case per store
+            sql += f" AND LOWER(error) LIKE LOWER({p}) ESCAPE '\\'"
+            params.append("%" + like_escape(error) + "%")
+        return sql, params
+
+    def page_runs(self, *, status: str | None = None, flow: str | None = None, parent: str | None = None,
+                  before: int | None = None, limit: int = 50, after: int | None = None, oldest: bool = False,
+                  id_prefix: str | None = None, error: str | None = None) -> list[RunRecord]:
+        p = self.param
+        where, params = self._run_filters(status, flow, parent, id_prefix, error)
+        sql = f"SELECT {_RUN_SELECT} FROM runs WHERE run_no IS NOT NULL{where}"
+        for cond, val in (("run_no <", before), ("run_no >", after)):
+            if val is not None:
+                sql += f" AND {cond} {p}"
+                params.append(val)
+        sql += f" ORDER BY run_no {'ASC' if oldest else 'DESC'} LIMIT {p}"
         params.append(limit)
         return [_record(r) for r in self._query(sql, params)]
 
     def count_runs(self, *, status: str | None = None, flow: str | None = None, parent: str | None = None,
                    before: int | None = None) -> int:
         p = self.param
-        sql = "SELECT COUNT(*) FROM runs WHERE run_no IS NOT NULL"
-        params: list[Any] = []
-        for cond, val in (("status =", status), ("flow_name =", flow), ("parent_run_id =", parent),
-                          ("run_no <", before)):
-            if val is not None:
-                sql += f" AND {cond} {p}"
-                params.append(val)
+        where, params = self._run_filters(status, flow, parent, None, None)
+        sql = f"SELECT COUNT(*) FROM runs WHERE run_no IS NOT NULL{where}"
+        if before is not None:
+            sql += f" AND run_no < {p}"
+            params.append(before)
         return int(self._query(sql, params)[0][0])
 
     def find_idempotent(self, key: str) -> RunRecord | None:
