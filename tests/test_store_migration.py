@@ -148,8 +148,9 @@ def test_a_version_4_sqlite_database_is_migrated_to_version_5(tmp_path: Path) ->
     _check_v5(kernel, snaps)
     kernel.close()
     check = sqlite3.connect(db_path)
-    assert check.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 11
+    assert check.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 12
     assert check.execute("SELECT count(*) FROM run_traces").fetchone()[0] == 0
+    assert check.execute("SELECT count(*) FROM session_entries").fetchone()[0] == 0  # version 12
     assert check.execute("SELECT count(*) FROM agent_runs").fetchone()[0] == 0
     assert "model_call" in [r[1] for r in check.execute("PRAGMA table_info(agent_messages)")]
     assert "settings" in [r[1] for r in check.execute("PRAGMA table_info(runs)")]  # version 10

@@ -1,5 +1,5 @@
 """The store protocol: runs, their event log, snapshot checkpoints, commands, leases, agent rows,
-the queue of runs and the workers that execute them.
+the queue of runs and the workers that execute them, and the Claude Code sessions of runs.
 
 A run's snapshot is stored as a checkpoint plus the events after it; ``commit`` appends events and
 updates the run row in one transaction, and writes a new checkpoint only when asked (compaction),
@@ -15,7 +15,7 @@ partition) therefore can never write again once another has taken the run over.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 import msgspec
@@ -147,6 +147,73 @@ class CommandRow(msgspec.Struct, kw_only=True):
     createdAt: int
 
 
+# Folds the entries an append newly stored into the summary of the session's main transcript:
+# (the summary as stored before, or None for the first; those entries) -> the summary to store.
+SummaryFold = Callable[[dict[str, Any] | None, list[dict[str, Any]]], dict[str, Any]]
+
+
+class StoredSession(msgspec.Struct, kw_only=True, frozen=True):
+    """A Claude Code session mirrored into the store (DESIGN §7b), as ``list_sessions`` gives it."""
+
+    runId: str  # the run that owns it: prune, export and import carry it with that run
+    projectKey: str
+    sessionId: str
+    mtime: int  # when its main transcript last changed (epoch ms; the store's clock)
+    summary: dict[str, Any] | None = None  # the folded summary of the main transcript (opaque here)
+    summaryMtime: int | None = None  # when that summary was stored, on the clock of ``mtime``
+
+
+class SessionRows(Protocol):
+    """The transcripts of Claude Code sessions, as the Agent SDK mirrors them (DESIGN §7b).
+
+    A transcript is keyed by (project key, session id, subpath): the subpath is ``""`` for the main
+    transcript and e.g. ``"subagents/agent-1"`` for a subagent's. It holds its entries (JSON objects)
+    in append order. A session (project key, session id) belongs to one run, the run whose node
+    started it; its rows go with that run (prune, export, import). Writes name the run and, when
+    executed under a lease, the lease: refused in their own transaction once it no longer holds the
+    run (``LeaseLostError``), as agent messages are.
+    """
+
+    def append_session_entries(self, run_id: str, project_key: str, session_id: str, subpath: str,
+                               entries: Sequence[Mapping[str, Any]], *, fold: SummaryFold | None = None,
+                               lease: Lease | None = None) -> int:
+        """Store ``entries`` after the transcript's, in one transaction; returns how many were new.
+
+        An entry whose ``uuid`` (a string) the transcript holds already is left out (the SDK retries
+        batches); entries without one are always stored. With ``fold``, a main transcript's summary
+        is folded from the new entries in the same transaction. No new entry: nothing changes. A
+        session of another run is refused (``StoreError``), and so is an unknown run."""
+        ...
+
+    def load_session_entries(self, project_key: str, session_id: str, subpath: str = "", *,
+                             run_id: str | None = None) -> list[dict[str, Any]] | None:
+        """The transcript's entries in append order; None if it was never written (or, with
+        ``run_id``, belongs to another run)."""
+        ...
+
+    def list_sessions(self, *, project_key: str | None = None, run_id: str | None = None) -> list[StoredSession]:
+        """Sessions with a main transcript, filtered by project key and owning run when given, in
+        the order they were first stored."""
+        ...
+
+    def list_session_subpaths(self, project_key: str, session_id: str, *,
+                              run_id: str | None = None) -> list[str]:
+        """The subpaths of the session's other transcripts (its subagents'), in the order they were
+        first stored; the main transcript is not among them."""
+        ...
+
+    def delete_session(self, run_id: str, project_key: str, session_id: str, subpath: str | None = None, *,
+                       lease: Lease | None = None) -> None:
+        """Delete the run's session: all its transcripts and its summary, or with ``subpath`` that
+        one transcript only. A session of another run, or none, is left alone."""
+        ...
+
+
+def session_of_another_run(session_id: str, project_key: str, owner: str, run_id: str) -> str:
+    """Why a write of run ``run_id`` to a session of run ``owner`` is refused."""
+    return f"session {session_id} (project {project_key}) belongs to run {owner}, not to run {run_id}"
+
+
 class Listener(Protocol):
     """Wake-ups from the store: a run was queued or handed over, or a command was stored."""
 
@@ -172,7 +239,7 @@ class Backfill(Protocol):
         ...
 
 
-class Store(Protocol):
+class Store(SessionRows, Protocol):
     """Where runs live. Implementations: MemoryStore, SqliteStore, PostgresStore."""
 
     location: str

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import secrets
 import threading
 from collections.abc import Iterable, Mapping, Sequence
@@ -22,7 +23,10 @@ from flowkernel.store.base import (
     Listener,
     RunRecord,
     RunTotals,
+    StoredSession,
+    SummaryFold,
     WorkerRecord,
+    session_of_another_run,
 )
 from flowkernel.store.packing import resolve_bodies
 from msgspec.structs import replace
@@ -47,6 +51,7 @@ class MemoryStore:
         self._workers: dict[str, WorkerRecord] = {}
         self._agent_runs: dict[tuple[str, str], tuple[int, AgentRun]] = {}  # (run, node run) -> (key, row)
         self._secrets: dict[str, bytes] = {}
+        self._transcripts: dict[tuple[str, str, str], _Transcript] = {}  # (project, session, subpath)
 
     def secret(self, name: str) -> bytes:
         with self._lock:
@@ -344,5 +349,85 @@ class MemoryStore:
                 and (node_id is None or t.get("nodeId") == node_id)]
         return rows[:limit]
 
+    # -- Claude Code sessions ------------------------------------------------------------------
+
+    def _session_owner(self, project_key: str, session_id: str) -> str | None:
+        return next((t.runId for (p, s, _), t in self._transcripts.items() if (p, s) == (project_key, session_id)),
+                    None)
+
+    def append_session_entries(self, run_id: str, project_key: str, session_id: str, subpath: str,
+                               entries: Sequence[Mapping[str, Any]], *, fold: SummaryFold | None = None,
+                               lease: Lease | None = None) -> int:
+        with self._lock:
+            self.get_run(run_id)
+            self._check_lease(run_id, lease)
+            owner = self._session_owner(project_key, session_id)
+            if owner not in (None, run_id):
+                raise StoreError(session_of_another_run(session_id, project_key, owner, run_id))
+            key = (project_key, session_id, subpath)
+            t = self._transcripts.get(key) or _Transcript(runId=run_id, mtime=0)
+            seen = set(t.uuids)
+            new: list[str] = []  # stored as JSON text, as a database stores them
+            for entry in entries:
+                uuid = entry.get("uuid")
+                if isinstance(uuid, str):
+                    if uuid in seen:
+                        continue
+                    seen.add(uuid)
+                new.append(json.dumps(entry))
+            if not new:
+                return 0
+            mtime = max(now_ms(), t.mtime + 1)
+            if fold is not None and subpath == "":
+                t.summary, t.summaryMtime = fold(t.summary, [json.loads(e) for e in new]), mtime
+            t.mtime, t.uuids = mtime, seen
+            t.entries.extend(new)
+            self._transcripts[key] = t
+            return len(new)
+
+    def load_session_entries(self, project_key: str, session_id: str, subpath: str = "", *,
+                             run_id: str | None = None) -> list[dict[str, Any]] | None:
+        with self._lock:
+            t = self._transcripts.get((project_key, session_id, subpath))
+            if t is None or run_id not in (None, t.runId):
+                return None
+            return [json.loads(e) for e in t.entries]
+
+    def list_sessions(self, *, project_key: str | None = None, run_id: str | None = None) -> list[StoredSession]:
+        with self._lock:
+            return [StoredSession(runId=t.runId, projectKey=p, sessionId=s, mtime=t.mtime,
+                                  summary=None if t.summary is None else json.loads(json.dumps(t.summary)),
+                                  summaryMtime=t.summaryMtime)
+                    for (p, s, sub), t in self._transcripts.items()
+                    if sub == "" and project_key in (None, p) and run_id in (None, t.runId)]
+
+    def list_session_subpaths(self, project_key: str, session_id: str, *,
+                              run_id: str | None = None) -> list[str]:
+        with self._lock:
+            return [sub for (p, s, sub), t in self._transcripts.items()
+                    if (p, s) == (project_key, session_id) and sub != "" and run_id in (None, t.runId)]
+
+    def delete_session(self, run_id: str, project_key: str, session_id: str, subpath: str | None = None, *,
+                       lease: Lease | None = None) -> None:
+        with self._lock:
+            self._check_lease(run_id, lease)
+            for key in [k for k, t in self._transcripts.items()
+                        if k[:2] == (project_key, session_id) and subpath in (None, k[2]) and t.runId == run_id]:
+                del self._transcripts[key]
+
     def close(self) -> None:
         pass
+
+
+class _Transcript:
+    """One transcript of a Claude Code session in the memory store."""
+
+    __slots__ = ("entries", "mtime", "runId", "summary", "summaryMtime", "uuids")
+
+    def __init__(self, *, runId: str, mtime: int) -> None:
+        self.runId = runId
+        self.mtime = mtime
+        self.entries: list[str] = []
+        self.uuids: set[str] = set()
+        self.summary: dict[str, Any] | None = None
+        self.summaryMtime: int | None = None

@@ -65,7 +65,8 @@ class PruneReport(msgspec.Struct, kw_only=True):
 def prune(store: Store, *, older_than_ms: int, statuses: Sequence[str] = STOPPED, dry_run: bool = False,
           batch: int = BATCH, progress: Progress | None = None, progress_after_s: float = 1.0) -> PruneReport:
     """Delete whole top-level runs in ``statuses`` unchanged for ``older_than_ms``, with their child
-    runs and every row of theirs, ``batch`` runs per transaction. A run being executed (live lease)
+    runs and every row of theirs (agent rows and session transcripts included), ``batch`` runs per
+    transaction. A run being executed (live lease)
     is never deleted, whatever its status. ``progress`` gets a line per batch once the work has
     taken ``progress_after_s``."""
     sql = _sql(store, "prune")

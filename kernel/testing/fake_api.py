@@ -22,8 +22,10 @@ Script API (each ``POST /v1/messages`` pops the next response, in order):
   echo_headers=False)``: a non-2xx response with the real ``{"type": "error", "error": {...}}`` body;
   with ``echo_headers`` its message ends with the request's headers, credentials included, as some
   proxies' error pages do.
-- ``stream_error(reply, at, error_type="overloaded_error")``: a 200 stream that sends an
-  ``event: error`` at ``at`` and then ends.
+- ``stream_error(reply, at, error_type="overloaded_error", then=None)``: a 200 stream that sends an
+  ``event: error`` at ``at`` and then ends. ``then``: the reply to the client's non-streaming retry
+  of that same request (the Claude Code CLI falls back to ``stream: false``), served to it without
+  taking a scripted response.
 - ``cut_off(reply, at, reset=False)``: a 200 stream whose TCP connection is dropped at ``at``
   without finishing the chunked body (FIN, or RST when ``reset``).
 - ``clean_end(reply, at)``: a 200 stream whose HTTP body ends properly at ``at``, before
@@ -34,6 +36,19 @@ Script API (each ``POST /v1/messages`` pops the next response, in order):
 ``at`` is either an ``int`` (how many events of the full stream are sent) or an event name
 (the stream stops just before the first event of that name); ``event_names(reply)`` lists
 the full stream's event names, pings included.
+
+``fake.script_for(predicate, *responses, name=None)`` opens a **lane**: a request the predicate
+matches (it gets an ``Incoming``: the parsed body and the headers) takes the lane's next response
+instead of the main script's, so concurrent callers (a session-title request, a subagent) do not
+steal the main loop's replies. Lanes are tried in the order they were opened; a matched lane that is
+exhausted answers the "script exhausted" 500. ``title_request``, ``first_user_text_contains(text)``
+and ``header_is(name, value)`` are ready-made predicates.
+
+``POST /v1/messages/count_tokens`` answers ``{"input_tokens": N}`` (the prompt measured as the prompt
+cache measures it) without taking a scripted response; those requests are recorded apart, in
+``fake.count_requests``.
+
+A client that drops its connection (a killed process, a reset) is dropped quietly: no traceback.
 
 A request the real API would refuse (a thinking budget under 1024 or not below ``max_tokens``, an
 unknown thinking type or effort, more than four ``cache_control`` breakpoints, a marker on a thinking
@@ -63,10 +78,11 @@ import hashlib
 import json
 import socket
 import struct
+import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
@@ -77,6 +93,8 @@ __all__ = [
     "ErrorReply",
     "FakeAnthropic",
     "Held",
+    "Incoming",
+    "Lane",
     "PromptCache",
     "RecordedRequest",
     "Reply",
@@ -88,17 +106,21 @@ __all__ = [
     "clean_end",
     "cut_off",
     "event_names",
+    "first_user_text_contains",
+    "header_is",
     "held",
     "http_error",
     "invalid_request",
     "reply",
     "stream_error",
+    "title_request",
 ]
 
 JSONObject = dict[str, Any]
 StopReason = Literal["end_turn", "max_tokens", "stop_sequence", "tool_use", "pause_turn", "refusal"]
 
 MESSAGES_PATH = "/v1/messages"
+COUNT_TOKENS_PATH = "/v1/messages/count_tokens"
 DEFAULT_INPUT_TOKENS = 10  # a reply's input_tokens when it gives none and the prompt cache is off
 
 # The error `type` the real API pairs with each status, used when a test gives none.
@@ -179,6 +201,7 @@ class StreamReply:
     ending: Literal["error", "clean", "fin", "reset"]
     error_type: str = "overloaded_error"
     error_message: str = "Overloaded"
+    then: Reply | None = None  # the reply to the client's non-streaming retry of the same request
 
 
 @dataclass(frozen=True)
@@ -243,9 +266,10 @@ def http_error(
 
 
 def stream_error(
-    reply: Reply, at: int | str, error_type: str = "overloaded_error", message: str = "Overloaded"
+    reply: Reply, at: int | str, error_type: str = "overloaded_error", message: str = "Overloaded",
+    *, then: Reply | None = None,
 ) -> StreamReply:
-    return StreamReply(reply, _resolve_stop(reply, at), "error", error_type, message)
+    return StreamReply(reply, _resolve_stop(reply, at), "error", error_type, message, then)
 
 
 def cut_off(reply: Reply, at: int | str, *, reset: bool = False) -> StreamReply:
@@ -279,6 +303,7 @@ class RecordedRequest:
     received_at: float  # time.monotonic()
     outcome: str  # what the fake served, e.g. "reply:sse", "http_error:429", "script_exhausted"
     usage: Mapping[str, int] | None = None  # input/cache usage the prompt cache counted for it
+    lane: str | None = None  # the lane (``script_for``) that answered it, if one did
 
     @property
     def stream(self) -> bool:
@@ -450,6 +475,13 @@ class _Server(ThreadingHTTPServer):
         self.fake = fake
         super().__init__(("127.0.0.1", 0), _Handler)
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client killed or reset while its keep-alive connection idles (the handler waits for its
+        # next request line): nothing to report. Anything else is a bug of the fake's, shown as usual.
+        if isinstance(sys.exc_info()[1], (ConnectionResetError, BrokenPipeError, ConnectionAbortedError)):
+            return
+        super().handle_error(request, client_address)
+
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive and chunked bodies, as the SDK's pool expects
@@ -489,6 +521,10 @@ class _Handler(BaseHTTPRequestHandler):
             body = None
         headers = {k.lower(): v for k, v in self.headers.items()}
         path = urlsplit(self.path).path
+        if self.command == "POST" and path == COUNT_TOKENS_PATH:
+            status, payload = self.fake._count_tokens(self.command, path, headers, body, raw)
+            self._send_json(status, payload, {})
+            return
         index, response = self.fake._take(self.command, path, headers, body, raw)
         try:
             self._serve(index, response, body)
@@ -593,6 +629,9 @@ class FakeAnthropic:
         self._connections: set[socket.socket] = set()
         self._gates: set[threading.Event] = set()
         self._served = 0  # scripted responses handed out, for the exhaustion message
+        self._lanes: list[Lane] = []
+        self._fallbacks: list[tuple[str, Reply]] = []  # (request key, reply to its non-streaming retry)
+        self._count_requests: list[RecordedRequest] = []
         self._stopping = threading.Event()
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
@@ -652,6 +691,22 @@ class FakeAnthropic:
         with self._cond:
             self._script.extend(responses)
 
+    def script_for(self, predicate: Callable[[Incoming], bool], *responses: Response,
+                   name: str | None = None) -> Lane:
+        """Open a lane: the requests ``predicate`` matches take ``responses`` in order, not the main
+        script's (see the module docstring). Returns the lane, to add to it or look at it."""
+        lane = Lane(self, name or str(getattr(predicate, "__name__", "lane")), predicate)
+        lane.script(*responses)
+        with self._cond:
+            self._lanes.append(lane)
+        return lane
+
+    @property
+    def count_requests(self) -> list[RecordedRequest]:
+        """The ``POST /v1/messages/count_tokens`` requests, in order (not in ``requests``)."""
+        with self._cond:
+            return list(self._count_requests)
+
     @property
     def remaining(self) -> int:
         """How many scripted responses are not yet served."""
@@ -707,6 +762,7 @@ class FakeAnthropic:
         with self._cond:
             index = len(self._requests)
             response: Response
+            lane: str | None = None
             if method != "POST" or path != MESSAGES_PATH:
                 response = ErrorReply(404, "not_found_error", f"fake: no route {method} {path}")
                 outcome = "not_found"
@@ -717,6 +773,10 @@ class FakeAnthropic:
                 # Refused before any model runs, as the real API does: the script is kept.
                 response = ErrorReply(400, "invalid_request_error", problem)
                 outcome = "invalid_request"
+            elif (fallback := self._fallback_for(body)) is not None:
+                response, outcome = fallback, "fallback:" + _describe(fallback, stream=False)
+            elif (laned := self._from_lanes(index, body, headers)) is not None:
+                response, outcome, lane = laned
             elif not self._script:
                 response = _complaint(
                     f"FakeAnthropic script exhausted: request {index} arrived "
@@ -727,15 +787,151 @@ class FakeAnthropic:
                 response = self._script.popleft()
                 self._served += 1
                 outcome = _describe(response, stream=body.get("stream") is True)
+            if isinstance(body, dict):
+                self._note_fallback(body, response)
             usage: dict[str, int] | None = None
             if self._cache is not None and isinstance(body, dict) and _needs_usage(response):
                 usage = self._cache.serve(body)
                 response = _with_usage(response, usage)
             self._requests.append(
-                RecordedRequest(index, method, path, dict(headers), body, raw, time.monotonic(), outcome, usage)
+                RecordedRequest(index, method, path, dict(headers), body, raw, time.monotonic(), outcome, usage,
+                                lane)
             )
             self._cond.notify_all()
             return index, response
+
+    def _from_lanes(self, index: int, body: JSONObject, headers: Mapping[str, str]) -> tuple[Response, str, str] | None:
+        """The response of the first lane whose predicate matches the request, with its outcome and
+        the lane's name; None when no lane matches. Called under the lock."""
+        incoming = Incoming(body, headers)
+        for lane in self._lanes:
+            try:
+                matched = lane.predicate(incoming)
+            except Exception as exc:
+                return _complaint(f"fake: lane {lane.name!r} predicate failed on request {index}: {exc!r}"), \
+                    "lane_error", lane.name
+            if not matched:
+                continue
+            if not lane._responses:
+                return _complaint(f"FakeAnthropic lane {lane.name!r} exhausted: request {index} matched it "
+                                  f"but all {lane.served} of its responses were already served"), \
+                    "script_exhausted", lane.name
+            lane.served += 1
+            response = lane._responses.popleft()
+            return response, _describe(response, stream=body.get("stream") is True), lane.name
+        return None
+
+    def _note_fallback(self, body: JSONObject, response: Response) -> None:
+        """A stream that ends in an error with a ``then`` reply: keep it for the request's retry."""
+        while isinstance(response, Held):
+            response = response.response
+        if isinstance(response, StreamReply) and response.then is not None and body.get("stream") is True:
+            self._fallbacks.append((_retry_key(body), response.then))
+
+    def _fallback_for(self, body: JSONObject) -> Reply | None:
+        """The reply kept for this request if it is the non-streaming retry of one that failed mid-stream."""
+        if body.get("stream") is True or not self._fallbacks:
+            return None
+        key = _retry_key(body)
+        for i, (wanted, fallback) in enumerate(self._fallbacks):
+            if wanted == key:
+                del self._fallbacks[i]
+                return fallback
+        return None
+
+    def _count_tokens(self, method: str, path: str, headers: Mapping[str, str], body: Any,
+                      raw: bytes) -> tuple[int, JSONObject]:
+        """Record a ``count_tokens`` request and answer it; no scripted response is taken."""
+        with self._cond:
+            index = len(self._count_requests)
+            if isinstance(body, dict) and isinstance(body.get("messages"), list):
+                status, payload = 200, {"input_tokens": sum(_tokens(item) for item, _ in _prompt_items(body))}
+            else:
+                status, payload = 400, _error_body("invalid_request_error", "messages: Field required",
+                                                   f"req_fake_count_{index}")
+            self._count_requests.append(RecordedRequest(index, method, path, dict(headers), body, raw,
+                                                        time.monotonic(), f"count_tokens:{status}"))
+            return status, payload
+
+
+@dataclass(frozen=True)
+class Incoming:
+    """A ``POST /v1/messages`` request as a lane's predicate sees it."""
+
+    body: JSONObject
+    headers: Mapping[str, str]  # names lower-cased
+
+    @property
+    def first_user_text(self) -> str:
+        """The text of the first user message (its text blocks joined by newlines)."""
+        for message in self.body.get("messages") or []:
+            if isinstance(message, dict) and message.get("role") == "user":
+                return _text_of(message.get("content"))
+        return ""
+
+
+class Lane:
+    """Responses for the requests one predicate matches (``FakeAnthropic.script_for``)."""
+
+    def __init__(self, fake: FakeAnthropic, name: str, predicate: Callable[[Incoming], bool]) -> None:
+        self._fake = fake
+        self.name = name
+        self.predicate = predicate
+        self._responses: deque[Response] = deque()
+        self.served = 0
+
+    def script(self, *responses: Response) -> None:
+        """Queue more responses on this lane."""
+        with self._fake._cond:
+            self._responses.extend(responses)
+
+    @property
+    def remaining(self) -> int:
+        with self._fake._cond:
+            return len(self._responses)
+
+    @property
+    def requests(self) -> list[RecordedRequest]:
+        """The requests this lane answered."""
+        return [r for r in self._fake.requests if r.lane == self.name]
+
+
+def title_request(request: Incoming) -> bool:
+    """The Claude Code CLI's session-title request (sent unless nonessential traffic is disabled)."""
+    return request.body.get("tools") == [] and request.first_user_text.startswith("<session>")
+
+
+def first_user_text_contains(text: str) -> Callable[[Incoming], bool]:
+    """Requests whose first user message contains ``text`` (e.g. a subagent's prompt)."""
+
+    def matches(request: Incoming) -> bool:
+        return text in request.first_user_text
+
+    matches.__name__ = f"first_user_text_contains({text!r})"
+    return matches
+
+
+def header_is(name: str, value: str) -> Callable[[Incoming], bool]:
+    """Requests with header ``name`` equal to ``value`` (e.g. ``x-claude-code-session-id``)."""
+
+    def matches(request: Incoming) -> bool:
+        return request.headers.get(name.lower()) == value
+
+    matches.__name__ = f"header_is({name!r}, {value!r})"
+    return matches
+
+
+def _text_of(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(b["text"] for b in content if isinstance(b, dict) and isinstance(b.get("text"), str))
+    return ""
+
+
+def _retry_key(body: JSONObject) -> str:
+    """What a non-streaming retry shares with the request it retries: the model and the messages."""
+    return json.dumps([body.get("model"), body.get("messages")], sort_keys=True)
 
 
 EFFORTS = ("low", "medium", "high", "xhigh", "max")

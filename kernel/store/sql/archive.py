@@ -1,11 +1,13 @@
 """Whole runs in and out of a SQL store (DESIGN §13): what ``prune``, ``export`` and ``import`` need.
 
 A run is more than its row: its events, its checkpoint and the blobs that reaches, its pending
-commands, its trace context, and the agent tables (messages, tool calls, agent runs). Those tables
-are read and written column for column (``SELECT *``), so a column added to any of them travels with
-the run without this module knowing of it. What a copy must not carry: the run number (the target
-hands out its own: event keys derive from it), the lease (nobody executes the copy yet) and the
-row ids of agent messages (new ones; the tool calls that point at them are mapped along).
+commands, its trace context, the agent tables (messages, tool calls, agent runs) and the transcripts
+of its Claude Code sessions. Those tables are read and written column for column (``SELECT *``), so
+a column added to any of them travels with the run without this module knowing of it. What a copy
+must not carry: the run number (the target hands out its own: event keys derive from it), the lease
+(nobody executes the copy yet) and the row ids of the per-run tables (new ones, in the same order;
+the tool calls that point at agent messages are mapped along). A session is its run's: a run whose
+session the target holds already is refused, as a run that exists is.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from flowkernel.core.nesting import loads
 from flowkernel.errors import InvalidInputError, RunBusyError, StoreError, UnknownRunError
 from flowkernel.store.base import EventRow
 from flowkernel.store.packing import PACKED_PREFIX
+from flowkernel.store.sql.sessions import SESSION_TABLES
 
 # An event's key is ``run_no * RUN_SPAN + seq``: one integer key, so the log is a single b-tree that
 # grows at its right edge (no secondary index to keep balanced on every commit).
@@ -28,6 +31,8 @@ RUN_SPAN = 2**32
 
 # Per-run tables keyed by the run (``flow_run_id`` in the agent tables), in the order they are copied.
 AGENT_TABLES = ("agent_messages", "agent_tool_calls", "agent_runs")
+# Every table keyed by the run (``flow_run_id``) with an ``id`` key: the agent tables and the sessions'.
+RUN_TABLES = (*AGENT_TABLES, *SESSION_TABLES)
 # Columns of the runs row a copy leaves behind (see the module docstring).
 _LOCAL_RUN_COLUMNS = frozenset({"run_no", "lease_owner", "lease_expires_at"})
 
@@ -42,7 +47,7 @@ class RunArchive(msgspec.Struct, kw_only=True):
     blobs: dict[str, msgspec.Raw]  # every blob the checkpoint and the packed events reach
     commands: list[dict[str, Any]]  # pending ones: {body, createdAt}
     traceContext: str | None = None
-    tables: dict[str, list[dict[str, Any]]] = msgspec.field(default_factory=dict)  # AGENT_TABLES rows
+    tables: dict[str, list[dict[str, Any]]] = msgspec.field(default_factory=dict)  # RUN_TABLES rows
     # The flows it followed before (its flow:start's, and those a flow:updated left), each as ``flow``:
     # folding its events up to a seq before an update needs them.
     earlierFlows: list[dict[str, str]] = msgspec.field(default_factory=list)
@@ -178,7 +183,7 @@ class SqlArchive:
                     events += db.execute(f"DELETE FROM events WHERE id BETWEEN {p} AND {p}",
                                          (base, base + RUN_SPAN - 1)).rowcount
             for table, column in (("checkpoints", "run_id"), ("commands", "run_id"), ("run_traces", "run_id"),
-                                  *((t, "flow_run_id") for t in AGENT_TABLES), ("runs", "run_id")):
+                                  *((t, "flow_run_id") for t in RUN_TABLES), ("runs", "run_id")):
                 db.execute(f"DELETE FROM {table} WHERE {column} IN ({marks})", ids)
         for run_id in run_ids:
             self._run_nos.pop(run_id, None)
@@ -240,7 +245,7 @@ class SqlArchive:
                 (run_id,)).fetchall()]
             trace = db.execute(f"SELECT trace_context FROM run_traces WHERE run_id = {p}", (run_id,)).fetchone()
             tables = {t: self._rows(db, f"SELECT * FROM {t} WHERE flow_run_id = {p} ORDER BY id", (run_id,))
-                      for t in AGENT_TABLES}
+                      for t in RUN_TABLES}
             earlier = []
             for flow_hash in sorted(_flows_named(events) - {str(run["flow_hash"])}):
                 row = db.execute(f"SELECT hash, name, document FROM flows WHERE hash = {p}", (flow_hash,)).fetchone()
@@ -310,8 +315,14 @@ class SqlArchive:
             if archive.traceContext is not None:
                 db.execute(f"INSERT INTO run_traces (run_id, trace_context) VALUES ({p}, {p}) "
                            f"ON CONFLICT (run_id) DO NOTHING", (run_id, archive.traceContext))
+            for row in archive.tables.get("session_transcripts", []):
+                owner = db.execute(f"SELECT flow_run_id FROM session_transcripts WHERE project_key = {p} "
+                                   f"AND session_id = {p} LIMIT 1", (row.get("project_key"), row.get("session_id"))).fetchone()
+                if owner is not None:
+                    raise InvalidInputError(f"run {run_id}: its session {row.get('session_id')} exists in {self.location} "
+                                            f"already (run {owner[0]}); not imported")
             message_ids: dict[Any, Any] = {}
-            for table in AGENT_TABLES:
+            for table in RUN_TABLES:
                 rows = archive.tables.get(table, [])
                 if not rows:
                     continue

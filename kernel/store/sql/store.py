@@ -37,8 +37,9 @@ from flowkernel.store.base import (
 )
 from flowkernel.store.packing import resolve_bodies
 from flowkernel.store.sql.archive import RUN_SPAN, SqlArchive
+from flowkernel.store.sql.sessions import SESSION_SCHEMA, SqlSessions
 
-SCHEMA_VERSION = 11  # 2: content-addressed checkpoint blobs; 3: events keyed by run number and seq;
+SCHEMA_VERSION = 12  # 2: content-addressed checkpoint blobs; 3: events keyed by run number and seq;
 # 4: an event row is its key, its time and its body (the rest was in the body already);
 # 5: a run's usage and cost, idempotency keys, agent runs, indexes for keyset pages;
 # 6: an assistant message keeps the model call that produced it (model, id, stop reason, usage);
@@ -47,6 +48,7 @@ SCHEMA_VERSION = 11  # 2: content-addressed checkpoint blobs; 3: events keyed by
 # 9: an agent run is keyed by its node run and its run (a fork copies the node runs it replays);
 # 10: a run keeps the settings it executes with (fixtures directory, plugin modules);
 # 11: a store keeps secrets of its own (the key that signs the API's page cursors)
+# 12: the transcripts of Claude Code sessions (``flowkernel.store.sql.sessions``)
 
 _EVENTS_PER_INSERT = 100  # rows per INSERT statement (300 parameters, far below either driver's limit)
 
@@ -125,6 +127,7 @@ SCHEMA_TEMPLATE = [
     "CREATE INDEX IF NOT EXISTS agent_tool_calls_run ON agent_tool_calls (run_id, id)",
     *_V5_INDEXES,
     "CREATE TABLE IF NOT EXISTS secrets (name TEXT PRIMARY KEY, value TEXT NOT NULL, created_at BIGINT NOT NULL)",
+    *SESSION_SCHEMA,
 ]
 
 
@@ -187,6 +190,7 @@ def migrations(*, id: str, key: str, body: str) -> dict[int, list[str]]:
         8: ["DROP INDEX IF EXISTS agent_runs_key"],
         9: ["ALTER TABLE runs ADD COLUMN settings TEXT"],
         10: [],  # version 11 only added the secrets table, which SCHEMA creates if missing
+        11: [],  # version 12 only added the session tables, which SCHEMA creates if missing
     }
 
 
@@ -262,7 +266,7 @@ def _tool_call(r: Sequence[Any]) -> dict[str, Any]:
             "step": r[12], "createdAt": r[13]}
 
 
-class SqlStore(SqlArchive, ABC):
+class SqlStore(SqlArchive, SqlSessions, ABC):
     """The ``Store`` protocol over SQL; subclasses supply the dialect (see the module docstring)."""
 
     location: str
