@@ -17,11 +17,16 @@ from flowkernel.core.events import BaseEvent
 class ModelMessage(TypedDict, total=False):
     """The final assistant message of one call."""
 
-    content: list[dict[str, Any]]  # API content blocks: text, thinking (with signature), tool_use
+    content: list[dict[str, Any]]  # API content blocks: text, thinking (with signature), tool_use, compaction
     stopReason: str | None
-    usage: dict[str, int]  # inputTokens, outputTokens, cacheCreationInputTokens, cacheReadInputTokens
+    # inputTokens, outputTokens, cacheCreationInputTokens, cacheReadInputTokens: what the call is billed
+    # for, a compaction's own summarizing pass included
+    usage: dict[str, int]
     model: str
     id: str
+    # The API's ``usage.iterations`` when the call did more than one pass (a compaction, then the
+    # message): each ``{"type": "compaction" | "message", "inputTokens", "outputTokens", …}``.
+    iterations: list[dict[str, Any]]
 
 
 class QueryContext(Protocol):
