@@ -257,3 +257,22 @@ def test_a_run_killed_right_after_a_compaction_resumes_with_exactly_that_context
                 assert [e.type for e in kernel.events(run_id)].count("agent:compaction") == 1
             finally:
                 kernel.close()
+
+
+async def test_each_pass_of_a_compacting_call_is_priced_as_the_request_it_is(tmp_path: Path,
+                                                                             fake: FakeAnthropic) -> None:
+    # Long-prompt rates go by each pass's own prompt: the summarizing pass read the whole long context,
+    # the message pass only the summary.
+    fake.script(reply(Text("done"), output_tokens=10))
+    prices = {"claude-sonnet-5-5": {"input": 1.0, "output": 2.0,
+                                    "longPrompt": {"above": TRIGGER, "input": 10.0, "output": 20.0}}}
+    kernel = make_kernel(tmp_path, fake, prices=prices)
+    snap = await kernel.run(kernel.compile(agent_flow(prompt=BIG, compaction=COMPACTION)), {})
+
+    assert snap.status == "completed", snap.error
+    summarizing, message = kernel.store.list_agent_messages(
+        session_id=snap.agentSessions["agent"])[1]["modelCall"]["iterations"]
+    assert summarizing["inputTokens"] > TRIGGER > message["inputTokens"]
+    expected = (summarizing["inputTokens"] * 10 + summarizing["outputTokens"] * 20
+                + message["inputTokens"] * 1 + message["outputTokens"] * 2) / 1_000_000
+    assert snap.outputs["agent"]["totalCostUsd"] == pytest.approx(expected)

@@ -75,11 +75,13 @@ class _Tally:
     by_model: dict[str, dict[str, Any]] = field(default_factory=dict)
     cost: float = 0.0
 
-    def add(self, model: str, usage: dict[str, int]) -> float:
-        """Count one call; returns what it cost."""
+    def add(self, model: str, usage: dict[str, int], passes: list[dict[str, Any]] | None = None) -> float:
+        """Count one call; returns what it cost. ``passes``: the call's ``iterations`` (a compaction's
+        summarizing pass, then the message), each priced as the request it is (long-prompt rates go
+        by each pass's own prompt); ``usage`` is their sum."""
         entry = self.by_model.setdefault(model, {**dict.fromkeys(USAGE_KEYS, 0), "costUSD": 0.0})
         price = find_price(model, self.prices)
-        call_cost = cost_usd(usage, price)
+        call_cost = sum(cost_usd(p, price) for p in passes) if passes else cost_usd(usage, price)
         for k in USAGE_KEYS:
             self.usage[k] += int(usage.get(k, 0))
             entry[k] += int(usage.get(k, 0))
@@ -254,7 +256,7 @@ class _Execution:
         earlier = pickup.model_calls()
         self.pass_calls = len(earlier)
         for call in earlier:  # the output counts the pass's calls, wherever it was interrupted
-            self.tally.add(call.get("model") or cfg.model, call.get("usage") or {})
+            self.tally.add(call.get("model") or cfg.model, call.get("usage") or {}, call.get("iterations"))
         self.schema_tries = pickup.corrections()
         for p in missing:
             if p.kind == "closing":
@@ -302,7 +304,7 @@ class _Execution:
             transcript.steps = step
             self.turns += 1
             model, usage = last.get("model") or cfg.model, last.get("usage") or {}
-            call_cost = self.tally.add(model, usage)
+            call_cost = self.tally.add(model, usage, last.get("iterations"))
             content = last.get("content") or []
             stop = last.get("stopReason")
             call_usage = {k: int(usage.get(k, 0)) for k in USAGE_KEYS}
