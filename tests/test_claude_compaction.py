@@ -276,3 +276,26 @@ async def test_each_pass_of_a_compacting_call_is_priced_as_the_request_it_is(tmp
     expected = (summarizing["inputTokens"] * 10 + summarizing["outputTokens"] * 20
                 + message["inputTokens"] * 1 + message["outputTokens"] * 2) / 1_000_000
     assert snap.outputs["agent"]["totalCostUsd"] == pytest.approx(expected)
+
+
+async def test_fixtures_written_from_a_compacting_run_replay_it_and_refuse_it_without_compaction(
+        tmp_path: Path, fake: FakeAnthropic) -> None:
+    from flowkernel.fixtures import MockQuery, fixtures_from_run, write_fixtures
+
+    fake.script(reply(ToolUse("read", {"path": "a.txt"}, id="toolu_a")), reply(Text("a.txt read.")))
+    kernel = reader_kernel(tmp_path, fake)
+    flow = agent_flow(prompt=BIG, tools=["read"], compaction=COMPACTION)
+    snap = await kernel.run(kernel.compile(flow), {})
+    write_fixtures(fixtures_from_run(kernel.store, snap.runId, tools=dict(kernel.registry.tools)), tmp_path / "fx")
+
+    replay = Kernel(MemoryStore(), registry=kernel.registry, services={"query_fn": MockQuery(tmp_path / "fx")})
+    again = await replay.run(replay.compile(flow), {})
+    assert again.status == "completed", again.error
+    assert again.outputs["agent"]["text"] == "a.txt read."
+    [event] = [e for e in replay.events(again.runId) if isinstance(e, AgentCompaction)]
+    assert (event.messagesKept, event.messagesSummarized) == (1, 1)
+
+    off = Kernel(MemoryStore(), registry=kernel.registry, services={"query_fn": MockQuery(tmp_path / "fx")})
+    refused = await off.run(off.compile(agent_flow(prompt=BIG, tools=["read"])), {})
+    assert refused.status == "failed" and refused.faults["agent"].errorType == "fixture_mismatch"
+    assert "context_management" in {d["path"] for d in refused.faults["agent"].details["diff"]}
