@@ -96,3 +96,18 @@ async def test_the_fake_answers_a_forced_choice_with_thinking_with_the_apis_400(
                                          thinking={"type": "adaptive"}, messages=[{"role": "user", "content": "x"}])
     assert fake.remaining == 0 and fake.request_count == 2
     await client.close()
+
+
+def test_flowkernel_schema_takes_tool_choice_display_and_compaction_and_refuses_bad_values() -> None:
+    import jsonschema
+    from flowkernel.nodes.claude.config import INPUT_SCHEMA
+
+    check = jsonschema.Draft202012Validator(INPUT_SCHEMA)
+    good = {"prompt": "x", "tools": ["t"], "toolChoice": {"tool": "t"}, "compaction": {"triggerTokens": 60_000},
+            "thinking": {"type": "adaptive", "display": "omitted"}}
+    assert list(check.iter_errors(good)) == []
+    assert list(check.iter_errors({**good, "toolChoice": "{{ flow.input.choice }}"})) == []
+    for bad in ({"toolChoice": "sometimes"}, {"toolChoice": {"name": "t"}}, {"compaction": {"triggerTokens": 10}},
+                {"compaction": {"trigger": 60_000}}, {"thinking": {"type": "adaptive", "display": "full"}},
+                {"thinking": {"budgetTokens": 2048, "display": "all"}}):
+        assert list(check.iter_errors({**good, **bad})), bad
