@@ -299,3 +299,25 @@ async def test_fixtures_written_from_a_compacting_run_replay_it_and_refuse_it_wi
     refused = await off.run(off.compile(agent_flow(prompt=BIG, tools=["read"])), {})
     assert refused.status == "failed" and refused.faults["agent"].errorType == "fixture_mismatch"
     assert "context_management" in {d["path"] for d in refused.faults["agent"].details["diff"]}
+
+
+async def test_an_answer_that_stops_after_compacting_is_sent_back_as_it_is_and_the_turn_goes_on() -> None:
+    # (At the query seam: the node asks for no pause, but an API that pauses after compacting is answered.)
+    block = {"type": "compaction", "content": "Summary.", "signature": "sig-p"}
+    sent_requests: list[dict[str, Any]] = []
+    answers = [{"content": [block], "stopReason": "compaction"},
+               {"content": [{"type": "text", "text": "Done."}], "stopReason": "end_turn"}]
+
+    async def model(request: dict[str, Any], emit: Any, ctx: Any) -> dict[str, Any]:
+        sent_requests.append(request)
+        return {**answers[len(sent_requests) - 1], "model": request["model"], "id": f"msg_{len(sent_requests)}",
+                "usage": {"inputTokens": 5, "outputTokens": 1}}
+
+    kernel = Kernel(MemoryStore(), services={"query_fn": model})
+    snap = await kernel.run(kernel.compile(agent_flow(prompt="long task", compaction=COMPACTION, cache=False)), {})
+
+    assert snap.status == "completed", snap.error
+    assert snap.outputs["agent"]["text"] == "Done."
+    assert sent_requests[1]["messages"] == [{"role": "assistant", "content": [block]}]
+    assert [m["role"] for m in stored_conversation(kernel, snap.agentSessions["agent"])] == [
+        "user", "assistant", "assistant"]

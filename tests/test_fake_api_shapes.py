@@ -154,3 +154,25 @@ async def test_the_fakes_compaction_errors_are_the_sdks_own_error_classes(fake: 
                                                                {"role": "user", "content": "go on"}]),
                                               betas=["compact-2026-01-12"], context_management=EDIT)
     await client.close()
+
+
+def test_a_pause_after_compaction_is_the_block_alone_with_stop_reason_compaction(fake: FakeAnthropic) -> None:
+    fake.script(reply(Text("Carrying on.")))
+    paused = {"edits": [{**EDIT["edits"][0], "pause_after_compaction": True}]}
+    body = base(messages=[{"role": "user", "content": BIG}], context_management=paused)
+    status, stream = post(fake, {**body, "stream": True}, BETA)
+    assert status == 200, stream
+    for event_name, data in sse_events(stream):
+        if event_name != "ping":
+            assert unknown_fields(BETA_EVENT.validate_python(data)) == [], data
+    assert fake.remaining == 1, "the pause takes no scripted answer"
+    status, text = post(fake, body, BETA)
+    message = BetaMessage.model_validate(json.loads(text))
+    assert unknown_fields(message) == []
+    assert message.stop_reason == "compaction" and [b.type for b in message.content] == ["compaction"]
+    assert [u.type for u in message.usage.iterations or []] == ["compaction"]
+    block = message.content[0].model_dump(exclude_none=True)
+    status, text = post(fake, base(messages=[{"role": "assistant", "content": [block]}],
+                                   context_management=paused), BETA)
+    assert status == 200 and BetaMessage.model_validate(json.loads(text)).content[0].type == "text"
+    assert fake.remaining == 0

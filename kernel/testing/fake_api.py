@@ -90,6 +90,7 @@ from flowkernel.testing.fake_conversation import (
     frame_tokens,
     measure,
     output_schema,
+    pauses_after_compaction,
     structured_problem,
     usage_entry,
 )
@@ -774,6 +775,11 @@ class FakeAnthropic:
                 response = ErrorReply(400, "invalid_request_error", refusal.message, error_code=refusal.error_code) \
                     if refusal.status == 400 else _complaint(refusal.message)
                 outcome = "invalid_request" if refusal.status == 400 else "not_emulated"
+            elif pauses_after_compaction(body):
+                # The API stops after compacting: the scripted answer is for the request that follows.
+                response = _as_served(reply(Compaction(), stop_reason="compaction", output_tokens=1), body, index,
+                                      self._conversations)
+                outcome = "compaction_pause"
             elif not self._script:
                 response = _complaint(
                     f"FakeAnthropic script exhausted: request {index} arrived "
@@ -956,9 +962,11 @@ def _as_served(response: Response, body: JSONObject, index: int, served: Convers
             content.insert(0, Compaction())
         summary = next(b for b in content if isinstance(b, Compaction))
         after = frame_tokens(body) + measure(compaction_json(summary, index))
+        passes: tuple[JSONObject, ...] = (usage_entry("compaction", context_tokens(body), measure(summary.content)),)
+        if response.stop_reason != "compaction":  # paused after compacting: no message pass
+            passes += (usage_entry("message", after, response.output_tokens),)
         response = replace(response, input_tokens=after, cache_creation_input_tokens=0, cache_read_input_tokens=0,
-                           iterations=(usage_entry("compaction", context_tokens(body), measure(summary.content)),
-                                       usage_entry("message", after, response.output_tokens)))
+                           iterations=passes)
     response = replace(response, content=tuple(content))
     model = response.model or str(body.get("model") or "claude-fake")
     served.remember(_message_json(response, model=model, message_id="", request_index=index))

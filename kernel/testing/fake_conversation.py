@@ -22,8 +22,10 @@
   (``compaction_content_mismatch``), its signature one this fake made
   (``compaction_signature_invalid``); errors carry ``error.details.error_code`` as the API's do.
 
-``pause_after_compaction`` and the explicit ``compaction: {"type": "summarize"}`` request are not
-emulated (the fake says so instead of pretending).
+With ``pause_after_compaction`` a request that reaches the trigger is answered with the compaction
+block alone (``stop_reason: "compaction"``), made by the fake without taking a scripted response: the
+client sends the conversation back with it and the next scripted response answers that. The explicit
+``compaction: {"type": "summarize"}`` request is not emulated (the fake says so instead of pretending).
 """
 
 from __future__ import annotations
@@ -150,6 +152,12 @@ def compaction_edit(body: JSONObject) -> JSONObject | None:
         if isinstance(edit, dict) and edit.get("type") == COMPACTION_EDIT:
             return edit
     return None
+
+
+def pauses_after_compaction(body: JSONObject) -> bool:
+    """The request asks the API to stop after compacting (and its context reached the trigger)."""
+    edit = compaction_edit(body)
+    return edit is not None and edit.get("pause_after_compaction") is True and compaction_due(body)
 
 
 def compaction_due(body: JSONObject) -> bool:
@@ -416,6 +424,6 @@ def _context_management_problem(body: JSONObject, betas: set[str]) -> Refusal | 
                                f"{MIN_COMPACTION_TRIGGER}")
         if "instructions" in edit and edit["instructions"] is not None and not isinstance(edit["instructions"], str):
             return Refusal(f"{where}.instructions: Input should be a valid string")
-        if edit.get("pause_after_compaction"):
-            return Refusal("fake: pause_after_compaction is not emulated", None, 500)
+        if not isinstance(edit.get("pause_after_compaction", False), bool):
+            return Refusal(f"{where}.pause_after_compaction: Input should be a valid boolean")
     return None
