@@ -43,7 +43,7 @@ def output_format(schema: dict[str, Any]) -> dict[str, Any] | None:
     try:
         _check_open_objects(schema)
         strict = strict_schema(schema)
-    except (NotStrict, ValueError, TypeError, AttributeError, RecursionError):
+    except Exception:  # whatever the transform cannot take goes as the instruction, which takes any schema
         return None
     return {"type": "json_schema", "schema": strict}
 
