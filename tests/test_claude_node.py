@@ -207,9 +207,10 @@ async def test_max_turns_exhausted_fails_the_node_with_error_max_turns(tmp_path:
 
 async def test_structured_output_that_fails_validation_is_sent_back_and_corrected(tmp_path: Path,
                                                                                   fake: FakeAnthropic) -> None:
+    # A model without native structured output: the schema is an instruction in the system prompt.
     schema = {"type": "object", "properties": {"passed": {"type": "boolean"}}, "required": ["passed"]}
     fake.script(reply(Text('{"passed": "yes"}')), reply(Text('```json\n{"passed": true}\n```')))
-    kernel, snap = await run_agent(tmp_path, fake, prompt="Review it", outputSchema=schema)
+    kernel, snap = await run_agent(tmp_path, fake, prompt="Review it", outputSchema=schema, model="claude-opus-4-1")
 
     assert snap.status == "completed"
     assert snap.outputs["agent"]["structuredOutput"] == {"passed": True}

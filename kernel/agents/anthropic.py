@@ -8,6 +8,11 @@ raises the HTTP transport's own error for that, not an ``anthropic`` one), an ``
 the stream (the SDK raises a bare ``APIStatusError`` with status 200), and a stream that ends
 cleanly before ``message_stop`` (the SDK raises nothing). ``x-should-retry`` from the server wins.
 Deltas streamed by a failed attempt stay in the log; the retry streams its own.
+
+A request with ``context_management`` (context-management compaction) goes through the SDK's beta
+client with the beta its edits need (``client.beta.messages``, ``anthropic-beta: compact-2026-01-12``):
+only the beta types know the ``compaction`` block, its ``compaction_delta`` and ``usage.iterations``,
+which the plain client would parse as a text block and drop.
 """
 
 from __future__ import annotations
@@ -114,6 +119,19 @@ def classify(exc: BaseException) -> Failure | None:
     return None
 
 
+# The beta each context-management edit needs (``anthropic-beta``).
+BETA_BY_EDIT = {"compact_20260112": "compact-2026-01-12"}
+_USAGE_FIELDS = (("input_tokens", "inputTokens"), ("output_tokens", "outputTokens"),
+                 ("cache_creation_input_tokens", "cacheCreationInputTokens"),
+                 ("cache_read_input_tokens", "cacheReadInputTokens"))
+
+
+def betas_for(request: dict[str, Any]) -> list[str]:
+    """The betas ``request`` needs; empty for a request the plain client sends."""
+    edits = (request.get("context_management") or {}).get("edits") or []
+    return sorted({BETA_BY_EDIT[e["type"]] for e in edits if isinstance(e, dict) and e.get("type") in BETA_BY_EDIT})
+
+
 class _Accumulator:
     """Builds the final message from raw stream events, emitting deltas as they arrive."""
 
@@ -124,6 +142,7 @@ class _Accumulator:
         self.message: dict[str, Any] = {}
         self.usage: dict[str, int] = {}
         self.stop_reason: str | None = None
+        self.iterations: list[dict[str, Any]] = []
         self.stopped = False
 
     def feed(self, event: Any) -> None:
@@ -165,21 +184,37 @@ class _Accumulator:
             self.partial_json[index] += delta.partial_json
         elif delta.type == "citations_delta":
             block.setdefault("citations", []).append(delta.citation.model_dump(mode="json", exclude_none=True))
+        elif delta.type == "compaction_delta":
+            # One delta carries the whole summary: it replaces, as the SDK's own accumulator does. The
+            # block goes back to the API exactly as it came, so a field the delta leaves out stays out.
+            for key in ("content", "encrypted_content"):
+                if getattr(delta, key, None) is not None:
+                    block[key] = getattr(delta, key)
 
     def _usage(self, usage: Any) -> None:
         # message_delta carries cumulative counts; fields it leaves out (None) keep message_start's value.
-        for api, ours in (("input_tokens", "inputTokens"), ("output_tokens", "outputTokens"),
-                          ("cache_creation_input_tokens", "cacheCreationInputTokens"),
-                          ("cache_read_input_tokens", "cacheReadInputTokens")):
+        for api, ours in _USAGE_FIELDS:
             value = getattr(usage, api, None)
             if value is not None:
                 self.usage[ours] = int(value)
+        iterations = getattr(usage, "iterations", None)
+        if iterations:
+            self.iterations = [{"type": getattr(i, "type", "message"),
+                                **{ours: int(getattr(i, api, None) or 0) for api, ours in _USAGE_FIELDS}}
+                               for i in iterations]
 
     def result(self) -> ModelMessage:
-        usage = {k: self.usage.get(k, 0) for k in ("inputTokens", "outputTokens", "cacheCreationInputTokens",
-                                                   "cacheReadInputTokens")}
-        return ModelMessage(content=[self.blocks[i] for i in sorted(self.blocks)], stopReason=self.stop_reason,
-                            usage=usage, model=str(self.message.get("model", "")), id=str(self.message.get("id", "")))
+        keys = [ours for _, ours in _USAGE_FIELDS]
+        if self.iterations:  # the top-level counts leave out a compaction's own pass, which is billed too
+            usage = {k: sum(i[k] for i in self.iterations) for k in keys}
+        else:
+            usage = {k: self.usage.get(k, 0) for k in keys}
+        message = ModelMessage(content=[self.blocks[i] for i in sorted(self.blocks)], stopReason=self.stop_reason,
+                               usage=usage, model=str(self.message.get("model", "")),
+                               id=str(self.message.get("id", "")))
+        if self.iterations:
+            message["iterations"] = self.iterations
+        return message
 
 
 Sleep = Callable[[float], Awaitable[None]]
@@ -272,8 +307,13 @@ class AnthropicQuery:
 
     async def _once(self, request: dict[str, Any], emit: Callable[[BaseEvent], None]) -> ModelMessage:
         acc = _Accumulator(emit)
-        messages = self.client().messages
-        stream = await messages.create(**sdk_arguments(messages.create, request), stream=True)
+        betas = betas_for(request)
+        if betas:
+            beta = self.client().beta.messages
+            stream: Any = await beta.create(**sdk_arguments(beta.create, request), betas=betas, stream=True)
+        else:
+            messages = self.client().messages
+            stream = await messages.create(**sdk_arguments(messages.create, request), stream=True)
         async with stream:
             async for event in stream:
                 acc.feed(event)

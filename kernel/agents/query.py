@@ -24,11 +24,16 @@ from flowkernel.core.events import BaseEvent
 class ModelMessage(TypedDict, total=False):
     """The final assistant message of one call."""
 
-    content: list[dict[str, Any]]  # API content blocks: text, thinking (with signature), tool_use
+    content: list[dict[str, Any]]  # API content blocks: text, thinking (with signature), tool_use, compaction
     stopReason: str | None
-    usage: dict[str, int]  # inputTokens, outputTokens, cacheCreationInputTokens, cacheReadInputTokens
+    # inputTokens, outputTokens, cacheCreationInputTokens, cacheReadInputTokens: what the call is billed
+    # for, a compaction's own summarizing pass included
+    usage: dict[str, int]
     model: str
     id: str
+    # The API's ``usage.iterations`` when the call did more than one pass (a compaction, then the
+    # message): each ``{"type": "compaction" | "message", "inputTokens", "outputTokens", …}``.
+    iterations: list[dict[str, Any]]
 
 
 class QueryContext(Protocol):
@@ -49,4 +54,7 @@ class ReplaysRequests(Protocol):
     what request body its node sent for a conversation, as a fixture's ``input`` records it."""
 
     def request_for(self, node_input: Any, node_id: str, messages: list[dict[str, Any]],
-                    tools: Mapping[str, Any]) -> dict[str, Any]: ...
+                    tools: Mapping[str, Any], *, tool_choice: dict[str, Any] | None = None) -> dict[str, Any]:
+        """``messages``: the stored conversation before the call (each with the ``modelCall`` kept on
+        assistant messages); ``tool_choice``: the one the call was made with, as it stored it."""
+        ...

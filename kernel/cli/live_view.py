@@ -12,6 +12,7 @@ from typing import Any, TextIO
 
 from flowkernel.cli.wording import plural
 from flowkernel.core.events import (
+    AgentCompaction,
     AgentComplete,
     AgentError,
     AgentStart,
@@ -419,7 +420,13 @@ class LiveView:
         self.out.write("\n")
 
     def _agent_start(self, ev: AgentStart, run: str) -> None:
-        self._line(self._c("34", "◆"), self._who(ev, run), f"agent {ev.model} session {ev.sessionId}")
+        was = f" (was {ev.previousModel})" if ev.previousModel else ""
+        self._line(self._c("34", "◆"), self._who(ev, run), f"agent {ev.model}{was} session {ev.sessionId}")
+
+    def _agent_compaction(self, ev: AgentCompaction, run: str) -> None:
+        self._line(self._c("34", "◆"), self._who(ev, run),
+                   f"context compacted: {ev.tokensBefore} → {ev.tokensAfter} tokens, "
+                   f"{plural(ev.messagesSummarized, 'message')} summarized")
 
     def _agent_tool(self, ev: AgentTool, run: str) -> None:
         err = f" error: {preview(ev.error, 40)}" if ev.error else ""
@@ -486,6 +493,7 @@ _SHOW: dict[type[BaseEvent], Callable[[LiveView, Any, str], None]] = {
     AgentTextDelta: LiveView._agent_delta, AgentThinkingDelta: LiveView._agent_delta,
     AgentText: LiveView._agent_block, AgentThinking: LiveView._agent_block, AgentStart: LiveView._agent_start,
     AgentTool: LiveView._agent_tool, AgentError: LiveView._agent_error, AgentComplete: LiveView._agent_complete,
+    AgentCompaction: LiveView._agent_compaction,
     CommandReceived: LiveView._command, FlowPaused: LiveView._flow_paused, FlowResumed: LiveView._flow_resumed,
     FlowWaiting: LiveView._flow_waiting, FlowUpdated: LiveView._flow_updated, FlowComplete: LiveView._flow_complete,
 }

@@ -204,6 +204,9 @@ class AgentStart(BaseEvent, tag="agent:start"):
     sessionId: str
     model: str
     prompt: Any = None
+    # The model the conversation's last answer came from, when it is another one (the flow changed the
+    # node's model across a resume or an update): its thinking blocks are not sent to this model.
+    previousModel: str | None = None
 
 
 class AgentThinkingDelta(BaseEvent, tag="agent:thinking:delta"):
@@ -251,6 +254,18 @@ class AgentUsage(BaseEvent, tag="agent:usage"):
     costUsd: float = 0.0
 
 
+class AgentCompaction(BaseEvent, tag="agent:compaction"):
+    """The API compacted the context it was sent (context-management compaction): ``tokensBefore`` of
+    input were summarized into a compaction block, the answer was made from ``tokensAfter``. From now on
+    requests carry the ``messagesKept`` stored messages from that block on; the ``messagesSummarized``
+    before it stay stored (history keeps every message) but are no longer sent."""
+
+    tokensBefore: int = 0
+    tokensAfter: int = 0
+    messagesKept: int = 0
+    messagesSummarized: int = 0
+
+
 class AgentComplete(BaseEvent, tag="agent:complete"):
     result: Any = None
     structuredOutput: Any = None
@@ -266,7 +281,7 @@ Event = (
     | NodeStart | NodeComplete | NodeError | NodeSkipped | NodeWaiting
     | EdgeFire | EdgeSkip | LoopIterate | LoopExhausted | StatePatch | CommandReceived | InboxConsumed
     | AgentStart | AgentThinkingDelta | AgentTextDelta | AgentThinking | AgentText | AgentTool
-    | AgentError | AgentUsage | AgentComplete
+    | AgentError | AgentUsage | AgentCompaction | AgentComplete
 )
 
 encoder = msgspec.json.Encoder()

@@ -66,7 +66,10 @@ def _block_lines(block: Any, width: int) -> list[str]:
     if kind == "text":
         return str(block.get("text", "")).splitlines() or [""]
     if kind == "thinking":
-        return [_clip(f"(thinking) {block.get('thinking', '')}", width)]
+        return [_clip(f"(thinking) {block.get('thinking', '')}", width)] if block.get("thinking") \
+            else ["(thinking, omitted)"]
+    if kind == "compaction":  # the API's summary of everything before it: later requests start here
+        return [_clip(f"(context compacted) {block.get('content') or '(no summary: the compaction failed)'}", width)]
     if kind == "redacted_thinking":
         return ["(thinking, redacted)"]
     if kind == "tool_use":

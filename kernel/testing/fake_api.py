@@ -54,6 +54,11 @@ A request the real API would refuse (a thinking budget under 1024 or not below `
 unknown thinking type or effort, more than four ``cache_control`` breakpoints, a marker on a thinking
 or empty text block) is answered 400 ``invalid_request_error`` and keeps the script.
 
+Native structured output (``output_config.format``, answered by a scripted ``Structured()``), thinking
+``display``, thinking blocks bound to the model that made them, forced ``tool_choice`` with thinking,
+and context-management compaction (``Compaction(...)``, or made when a request reaches its trigger)
+are emulated as ``fake_conversation`` describes.
+
 ``FakeAnthropic(prompt_cache=True)`` counts each request's input the way the API's prompt cache
 reports it, for every reply scripted without ``input_tokens``: the prompt is measured (about four
 characters of canonical JSON a token), each ``cache_control`` breakpoint writes its prefix, and a
@@ -89,7 +94,26 @@ from types import TracebackType
 from typing import Any, Literal, Self, cast
 from urllib.parse import urlsplit
 
+from flowkernel.testing.fake_conversation import (
+    GENERATED,
+    Compaction,
+    Conversations,
+    Structured,
+    compaction_due,
+    compaction_json,
+    compaction_stream,
+    context_tokens,
+    frame_tokens,
+    measure,
+    output_schema,
+    pauses_after_compaction,
+    structured_problem,
+    usage_entry,
+)
+from flowkernel.testing.fake_conversation import instance_of as schema_instance
+
 __all__ = [
+    "Compaction",
     "ErrorReply",
     "FakeAnthropic",
     "Held",
@@ -100,6 +124,7 @@ __all__ = [
     "Reply",
     "Response",
     "StreamReply",
+    "Structured",
     "Text",
     "Thinking",
     "ToolUse",
@@ -117,7 +142,8 @@ __all__ = [
 ]
 
 JSONObject = dict[str, Any]
-StopReason = Literal["end_turn", "max_tokens", "stop_sequence", "tool_use", "pause_turn", "refusal"]
+StopReason = Literal["end_turn", "max_tokens", "stop_sequence", "tool_use", "pause_turn", "refusal", "compaction",
+                     "model_context_window_exceeded"]
 
 MESSAGES_PATH = "/v1/messages"
 COUNT_TOKENS_PATH = "/v1/messages/count_tokens"
@@ -162,7 +188,7 @@ class ToolUse:
     deltas: int = 3
 
 
-Block = Text | Thinking | ToolUse
+Block = Text | Thinking | ToolUse | Compaction | Structured
 
 
 # --- responses ------------------------------------------------------------------------------
@@ -181,6 +207,7 @@ class Reply:
     model: str | None  # None echoes the request's model, as the real API does
     id: str | None  # None: "msg_fake_<request>"
     ping_every: int  # an extra ping after every N deltas; 0 for only the usual first one
+    iterations: tuple[JSONObject, ...] = ()  # usage.iterations (a compaction's pass, then the message's)
 
 
 @dataclass(frozen=True)
@@ -190,6 +217,7 @@ class ErrorReply:
     message: str
     headers: Mapping[str, str] = field(default_factory=dict)
     echo_headers: bool = False  # the message ends with the request's headers
+    error_code: str | None = None  # error.details.error_code, as the API's compaction errors carry
 
 
 @dataclass(frozen=True)
@@ -322,6 +350,10 @@ def _block_payload(block: Block) -> str:
         return block.text
     if isinstance(block, Thinking):
         return block.thinking
+    if isinstance(block, Compaction):
+        return block.content or ""
+    if isinstance(block, Structured):
+        return "" if block.value is GENERATED else json.dumps(block.value)
     return json.dumps(block.input)
 
 
@@ -346,6 +378,10 @@ def _full_block(block: Block, request_index: int, block_index: int) -> JSONObjec
         return {"type": "text", "text": block.text}
     if isinstance(block, Thinking):
         return {"type": "thinking", "thinking": block.thinking, "signature": block.signature}
+    if isinstance(block, Compaction):
+        return compaction_json(block, request_index)
+    if isinstance(block, Structured):
+        raise TypeError("a Structured block is served as the Text of its value")
     return {
         "type": "tool_use",
         "id": _tool_id(block, request_index, block_index),
@@ -373,6 +409,7 @@ def _message_json(reply: Reply, *, model: str, message_id: str, request_index: i
                 "ephemeral_1h_input_tokens": 0,
             },
             "output_tokens": reply.output_tokens,
+            **({"iterations": [dict(i) for i in reply.iterations]} if reply.iterations else {}),
         },
     }
 
@@ -384,9 +421,15 @@ def _block_events(block: Block, index: int, request_index: int) -> list[tuple[st
         deltas = [{"type": "text_delta", "text": t} for t in _split(block.text, block.deltas)]
     elif isinstance(block, Thinking):
         start = {"type": "thinking", "thinking": "", "signature": ""}
-        deltas = [{"type": "thinking_delta", "thinking": t} for t in _split(block.thinking, block.deltas)]
+        # Omitted thinking (display "omitted") streams no thinking_delta at all.
+        deltas = [{"type": "thinking_delta", "thinking": t} for t in _split(block.thinking, block.deltas)] \
+            if block.thinking else []
         # The signature arrives whole, in one delta just before the block stops.
         deltas.append({"type": "signature_delta", "signature": block.signature})
+    elif isinstance(block, Compaction):
+        start, deltas = compaction_stream(block, request_index)
+    elif isinstance(block, Structured):
+        raise TypeError("a Structured block is served as the Text of its value")
     else:
         start = {
             "type": "tool_use",
@@ -429,13 +472,20 @@ def _stream_events(
                 if deltas_since_ping == reply.ping_every:
                     events.append(("ping", {"type": "ping"}))
                     deltas_since_ping = 0
+    final_usage: JSONObject = {"output_tokens": reply.output_tokens}
+    if reply.iterations:  # the API repeats the input side with them, and they come only here
+        usage = start_message["usage"]
+        final_usage = {"input_tokens": usage["input_tokens"],
+                       "cache_creation_input_tokens": usage["cache_creation_input_tokens"],
+                       "cache_read_input_tokens": usage["cache_read_input_tokens"], **final_usage,
+                       "iterations": [dict(i) for i in reply.iterations]}
     events.append(
         (
             "message_delta",
             {
                 "type": "message_delta",
                 "delta": {"stop_reason": reply.stop_reason, "stop_sequence": None},
-                "usage": {"output_tokens": reply.output_tokens},
+                "usage": final_usage,
             },
         )
     )
@@ -459,8 +509,11 @@ def _sse(name: str, data: JSONObject) -> bytes:
     return f"event: {name}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
 
 
-def _error_body(error_type: str, message: str, request_id: str) -> JSONObject:
-    return {"type": "error", "error": {"type": error_type, "message": message}, "request_id": request_id}
+def _error_body(error_type: str, message: str, request_id: str, error_code: str | None = None) -> JSONObject:
+    error: JSONObject = {"type": error_type, "message": message}
+    if error_code is not None:
+        error["details"] = {"error_code": error_code}
+    return {"type": "error", "error": error, "request_id": request_id}
 
 
 # --- server ---------------------------------------------------------------------------------
@@ -586,7 +639,7 @@ class _Handler(BaseHTTPRequestHandler):
         if error.echo_headers:
             headers = dict(self.fake.requests[index].headers)
             message = f"{message} (request headers: {json.dumps(headers)})"
-        body = _error_body(error.error_type, message, request_id)
+        body = _error_body(error.error_type, message, request_id, error.error_code)
         self._send_json(error.status, body, {"request-id": request_id, **error.headers})
 
     def _send_stream(
@@ -624,6 +677,7 @@ class FakeAnthropic:
     def __init__(self, *, prompt_cache: bool = False, min_cache_tokens: int = 0) -> None:
         self._cond = threading.Condition()
         self._cache = PromptCache(min_cache_tokens) if prompt_cache else None
+        self._conversations = Conversations()  # what was served that must come back as it was
         self._script: deque[Response] = deque()
         self._requests: list[RecordedRequest] = []
         self._connections: set[socket.socket] = set()
@@ -775,8 +829,18 @@ class FakeAnthropic:
                 outcome = "invalid_request"
             elif (fallback := self._fallback_for(body)) is not None:
                 response, outcome = fallback, "fallback:" + _describe(fallback, stream=False)
+            elif (refusal := self._conversations.refuse(body, headers)) is not None:
+                response = ErrorReply(400, "invalid_request_error", refusal.message, error_code=refusal.error_code) \
+                    if refusal.status == 400 else _complaint(refusal.message)
+                outcome = "invalid_request" if refusal.status == 400 else "not_emulated"
+            elif pauses_after_compaction(body):
+                # The API stops after compacting: the scripted answer is for the request that follows.
+                response = _as_served(reply(Compaction(), stop_reason="compaction", output_tokens=1), body, index,
+                                      self._conversations)
+                outcome = "compaction_pause"
             elif (laned := self._from_lanes(index, body, headers)) is not None:
                 response, outcome, lane = laned
+                response = _as_served(response, body, index, self._conversations)
             elif not self._script:
                 response = _complaint(
                     f"FakeAnthropic script exhausted: request {index} arrived "
@@ -787,6 +851,7 @@ class FakeAnthropic:
                 response = self._script.popleft()
                 self._served += 1
                 outcome = _describe(response, stream=body.get("stream") is True)
+                response = _as_served(response, body, index, self._conversations)
             if isinstance(body, dict):
                 self._note_fallback(body, response)
             usage: dict[str, int] | None = None
@@ -1058,6 +1123,51 @@ class PromptCache:
                 self._written.add(digests[point])
         return {"input_tokens": total - read - written, "cache_creation_input_tokens": written,
                 "cache_read_input_tokens": read}
+
+
+def _as_served(response: Response, body: JSONObject, index: int, served: Conversations) -> Response:
+    """The scripted response as the API would serve it to ``body`` (``fake_conversation``): structured
+    answers made, thinking omitted when asked, a compaction when due; its signed blocks remembered."""
+    if isinstance(response, Held):
+        return replace(response, response=_as_served(response.response, body, index, served))
+    if isinstance(response, StreamReply):
+        inner = _as_served(response.reply, body, index, served)
+        return replace(response, reply=inner) if isinstance(inner, Reply) else inner
+    if not isinstance(response, Reply):
+        return response
+    content: list[Block] = []
+    schema = output_schema(body)
+    for block in response.content:
+        if isinstance(block, Structured):
+            if schema is None:
+                return _complaint(f"fake: request {index} has no output_config.format for the scripted Structured "
+                                  "answer")
+            value = schema_instance(schema) if block.value is GENERATED else block.value
+            if (problem := structured_problem(value, schema)) is not None:
+                return _complaint(f"fake: the scripted Structured value does not match request {index}'s "
+                                  f"output_config.format schema ({problem}); script a Text to answer off it")
+            block = Text(json.dumps(value), deltas=block.deltas)
+        thinking = body.get("thinking")
+        if isinstance(block, Thinking) and isinstance(thinking, dict) and thinking.get("display") == "omitted":
+            block = Thinking("", signature=block.signature, deltas=block.deltas)
+        content.append(block)
+    scripted = any(isinstance(b, Compaction) for b in content)
+    if scripted or compaction_due(body):
+        if "context_management" not in body:
+            return _complaint(f"fake: a compaction is scripted for request {index}, which has no context_management")
+        if not scripted:
+            content.insert(0, Compaction())
+        summary = next(b for b in content if isinstance(b, Compaction))
+        after = frame_tokens(body) + measure(compaction_json(summary, index))
+        passes: tuple[JSONObject, ...] = (usage_entry("compaction", context_tokens(body), measure(summary.content)),)
+        if response.stop_reason != "compaction":  # paused after compacting: no message pass
+            passes += (usage_entry("message", after, response.output_tokens),)
+        response = replace(response, input_tokens=after, cache_creation_input_tokens=0, cache_read_input_tokens=0,
+                           iterations=passes)
+    response = replace(response, content=tuple(content))
+    model = response.model or str(body.get("model") or "claude-fake")
+    served.remember(_message_json(response, model=model, message_id="", request_index=index))
+    return response
 
 
 def _needs_usage(response: Response) -> bool:

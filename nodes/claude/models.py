@@ -1,4 +1,5 @@
-"""What each Claude model accepts in a request: which thinking forms, effort, a temperature.
+"""What each Claude model accepts in a request: which thinking forms, effort, a temperature, native
+structured output, compaction.
 
 Checked when a flow is validated, so a node asks each model for thinking the way it wants it and
 the user hears about a mismatch with the JSON path, before any call. A model is matched by its
@@ -11,6 +12,13 @@ platform docs, checked 2026-11-22. Adaptive thinking (``thinking: {type: "adapti
 answers 400); Opus 4.6, Sonnet 4.6 and Opus 5 still take ``budget_tokens`` (deprecated on the 4.6
 models); Opus 4.5 and older take only ``budget_tokens`` (Opus 4.5 takes effort too). Sonnet 5 and
 the 5.x models after it reject a non-default temperature.
+
+Native structured output (``output_config.format``, generally available since early 2026, from the
+structured-outputs page): Sonnet 4.5, Haiku 4.5, Opus 4.5 and every model after them; Opus 4.1 had it
+in beta only and older models not at all, so they get the instruction in the system prompt instead
+(``structured.py``). Context-management compaction (the ``compact-2026-01-12`` beta; the compaction
+page lists Opus 4.6 and 4.7, Sonnet 4.6 and Mythos Preview, and the models released after it take it
+too): not the 4.5 models and older, where validation refuses it instead of the API answering 400.
 """
 
 from __future__ import annotations
@@ -31,13 +39,16 @@ class ModelTraits:
     thinking: frozenset[str]  # ADAPTIVE, BUDGET
     effort: bool = True  # takes output_config.effort
     temperature: bool = True  # takes a temperature other than the default (1)
+    structured_output: bool = True  # takes output_config.format (native structured output)
+    compaction: bool = True  # takes the compact_20260112 context-management edit
 
 
 _ADAPTIVE_ONLY = ModelTraits(frozenset({ADAPTIVE}), effort=True, temperature=False)
 _ADAPTIVE_ONLY_SAMPLING = ModelTraits(frozenset({ADAPTIVE}))
 _BOTH = ModelTraits(frozenset({ADAPTIVE, BUDGET}))
-_BUDGET_EFFORT = ModelTraits(frozenset({BUDGET}), effort=True)
-_BUDGET_ONLY = ModelTraits(frozenset({BUDGET}), effort=False)
+_BUDGET_EFFORT = ModelTraits(frozenset({BUDGET}), effort=True, compaction=False)
+_BUDGET_ONLY = ModelTraits(frozenset({BUDGET}), effort=False, compaction=False)
+_BUDGET_ONLY_UNSTRUCTURED = ModelTraits(frozenset({BUDGET}), effort=False, structured_output=False, compaction=False)
 
 UNKNOWN = ModelTraits(frozenset({ADAPTIVE, BUDGET}))
 
@@ -54,13 +65,15 @@ TRAITS: dict[str, ModelTraits] = {
     "claude-opus-4-7": _ADAPTIVE_ONLY_SAMPLING,
     "claude-opus-4-6": _BOTH,
     "claude-opus-4-5": _BUDGET_EFFORT,
-    "claude-opus-4-1": _BUDGET_ONLY,
-    "claude-opus-4-0": _BUDGET_ONLY,
-    "claude-opus-4-20250514": _BUDGET_ONLY,
+    "claude-opus-4-1": _BUDGET_ONLY_UNSTRUCTURED,
+    "claude-opus-4-0": _BUDGET_ONLY_UNSTRUCTURED,
+    "claude-opus-4-20250514": _BUDGET_ONLY_UNSTRUCTURED,
     "claude-sonnet-5-5": _ADAPTIVE_ONLY,
     "claude-sonnet-5": _ADAPTIVE_ONLY,
     "claude-sonnet-4-6": _BOTH,
     "claude-sonnet-4-5": _BUDGET_ONLY,
+    "claude-sonnet-4-0": _BUDGET_ONLY_UNSTRUCTURED,
+    "claude-sonnet-4-20250514": _BUDGET_ONLY_UNSTRUCTURED,
     "claude-haiku-5-5": _ADAPTIVE_ONLY,
     "claude-haiku-4-5": _BUDGET_ONLY,
 }

@@ -32,7 +32,15 @@ import anyio
 from flowkernel.agents.default import calls_the_api, default_query
 from flowkernel.agents.query import ModelMessage, QueryFn
 from flowkernel.agents.tools import ASK_HUMAN, INTERRUPTED_RESULT, Tool, as_tool, result_text, truncate
-from flowkernel.core.events import USAGE_KEYS, AgentComplete, AgentError, AgentStart, AgentTool, AgentUsage
+from flowkernel.core.events import (
+    USAGE_KEYS,
+    AgentCompaction,
+    AgentComplete,
+    AgentError,
+    AgentStart,
+    AgentTool,
+    AgentUsage,
+)
 from flowkernel.core.jsonschemas import instance_errors
 from flowkernel.core.names import KnownNames
 from flowkernel.core.node import INTERRUPTED, Interrupted, WaitFor, unknown_name
@@ -50,11 +58,15 @@ from flowkernel.nodes.claude.config import (
     check_input,
     parse_config,
 )
+from flowkernel.nodes.claude.context_window import compaction_at, made_by, same_model, window
 from flowkernel.nodes.claude.pricing import Price, cost_usd, find_price, price_table
 from flowkernel.nodes.claude.resume import Pickup
 from flowkernel.nodes.claude.transcript import Transcript
 
 FINAL_STOPS = frozenset({"end_turn", "stop_sequence", "max_tokens", "refusal", None})
+# Stop reasons after which the conversation goes back as it is: a server tool paused the turn, or
+# the API paused after compacting the context.
+RESEND_STOPS = frozenset({"pause_turn", "compaction"})
 
 
 @dataclass(slots=True)
@@ -67,11 +79,13 @@ class _Tally:
     by_model: dict[str, dict[str, Any]] = field(default_factory=dict)
     cost: float = 0.0
 
-    def add(self, model: str, usage: dict[str, int]) -> float:
-        """Count one call; returns what it cost."""
+    def add(self, model: str, usage: dict[str, int], passes: list[dict[str, Any]] | None = None) -> float:
+        """Count one call; returns what it cost. ``passes``: the call's ``iterations`` (a compaction's
+        summarizing pass, then the message), each priced as the request it is (long-prompt rates go
+        by each pass's own prompt); ``usage`` is their sum."""
         entry = self.by_model.setdefault(model, {**dict.fromkeys(USAGE_KEYS, 0), "costUSD": 0.0})
         price = find_price(model, self.prices)
-        call_cost = cost_usd(usage, price)
+        call_cost = sum(cost_usd(p, price) for p in passes) if passes else cost_usd(usage, price)
         for k in USAGE_KEYS:
             self.usage[k] += int(usage.get(k, 0))
             entry[k] += int(usage.get(k, 0))
@@ -132,12 +146,13 @@ class ClaudeAgentNode:
         return value if isinstance(value, int) and not isinstance(value, bool) else DEFAULT_MAX_TURNS
 
     def request_for(self, node_input: Any, node_id: str, messages: list[dict[str, Any]],
-                    tools: Mapping[str, Any]) -> dict[str, Any]:
+                    tools: Mapping[str, Any], *, tool_choice: dict[str, Any] | None = None) -> dict[str, Any]:
         """The request a node run with ``node_input`` sends for ``messages`` (``tools``: the registered
-        tools), as a fixture's ``input`` records it (``flowkernel.agents.query.ReplaysRequests``)."""
+        tools), as a fixture's ``input`` records it (``flowkernel.agents.query.ReplaysRequests``): the
+        same window of the conversation ``_Execution._request`` sends, with the tool_choice it kept."""
         cfg = parse_config(node_input, node_id)
         definitions = [as_tool(n, tools[n]).definition() for n in cfg.tools if n != ASK_HUMAN and n in tools]
-        return build_request(cfg, messages, definitions)
+        return build_request(cfg, window(messages, cfg.model).messages, definitions, tool_choice=tool_choice)
 
     def check(self, raw_input: dict[str, Any], path: str, problems: list[Problem]) -> None:
         check_input(raw_input, path, problems)
@@ -188,6 +203,7 @@ class _Execution:
         self.pass_calls = 0  # model calls of this pass that the node runs this one continues made
         self.stored_seqs: set[int] = set()  # inbox messages those node runs had stored already
         self.resolved: dict[str, tuple[str, bool]] = {}  # toolUseId -> (result text, is_error)
+        self.sent_tool_choice: dict[str, Any] | None = None  # the tool_choice of the call in flight
         self.began = time.monotonic()
 
     # -- setup ------------------------------------------------------------------------------
@@ -232,13 +248,17 @@ class _Execution:
         preamble = pickup.preamble(cfg.system, self._opening())
         missing = pickup.missing(preamble)
         opens = any(p.kind == "opening" for p in missing)
+        answered = pickup.last_assistant()
+        before = made_by(answered) if answered is not None else None
         await ctx.emit_durable(AgentStart(sessionId=transcript.session_id, model=cfg.model,
                                           prompt=(cfg.prompt if cfg.messages is None else self._opening())
-                                          if opens else None))
+                                          if opens else None,
+                                          previousModel=before if before and not same_model(before, cfg.model)
+                                          else None))
         earlier = pickup.model_calls()
         self.pass_calls = len(earlier)
         for call in earlier:  # the output counts the pass's calls, wherever it was interrupted
-            self.tally.add(call.get("model") or cfg.model, call.get("usage") or {})
+            self.tally.add(call.get("model") or cfg.model, call.get("usage") or {}, call.get("iterations"))
         self.schema_tries = pickup.corrections()
         for p in missing:
             if p.kind == "closing":
@@ -286,24 +306,53 @@ class _Execution:
             transcript.steps = step
             self.turns += 1
             model, usage = last.get("model") or cfg.model, last.get("usage") or {}
-            call_cost = self.tally.add(model, usage)
+            call_cost = self.tally.add(model, usage, last.get("iterations"))
             content = last.get("content") or []
             stop = last.get("stopReason")
             call_usage = {k: int(usage.get(k, 0)) for k in USAGE_KEYS}
-            message_id = transcript.add("assistant", content, step, {"model": model, "id": last.get("id"),
-                                                                     "stopReason": stop, "usage": call_usage})
+            message_id = transcript.add("assistant", content, step, self._model_call(last, model, call_usage))
             # The run's cost moves with every call, not only when the agent finishes.
             ctx.emit(AgentUsage(model=model, usage=call_usage, costUsd=round(call_cost, 10)))
+            if compaction_at(content) is not None:
+                self._compacted(transcript, last)
             if stop == "tool_use":
                 await self._run_tools(transcript, content, message_id, step)
                 continue
-            if stop == "pause_turn":
-                continue  # a server tool paused the turn: send the conversation back as it is
+            if stop in RESEND_STOPS:
+                continue
             if cfg.output_schema is not None and stop in ("end_turn", "stop_sequence", "max_tokens"):
                 problem = await self._check_output(transcript, content, step)
                 if problem:
                     continue
             return await self._finish(transcript, last)
+
+    def _model_call(self, answer: ModelMessage, model: str, usage: dict[str, int]) -> dict[str, Any]:
+        """What the stored assistant message keeps of the call that made it: the model, the message id,
+        the stop reason and usage; the model asked for when the API named another (an alias), the
+        ``tool_choice`` sent, and the compaction's passes, when there were any."""
+        call: dict[str, Any] = {"model": model, "id": answer.get("id"), "stopReason": answer.get("stopReason"),
+                                "usage": usage}
+        if model != self.cfg.model:
+            call["requestModel"] = self.cfg.model
+        if self.sent_tool_choice is not None:
+            call["toolChoice"] = self.sent_tool_choice
+        if answer.get("iterations"):
+            call["iterations"] = answer["iterations"]
+        return call
+
+    def _compacted(self, transcript: Transcript, answer: ModelMessage) -> None:
+        """Report a compaction the API made: how big the context was and is, what the requests carry now."""
+        passes = answer.get("iterations") or []
+
+        def size(kind: str) -> int:
+            found = [i for i in passes if i.get("type") == kind]
+            last = found[-1] if found else {}
+            return sum(int(last.get(k, 0)) for k in ("inputTokens", "cacheCreationInputTokens",
+                                                     "cacheReadInputTokens"))
+
+        now = window(transcript.rows, self.cfg.model)
+        self.ctx.emit(AgentCompaction(tokensBefore=size("compaction"), tokensAfter=size("message"),
+                                      messagesKept=len(now.messages), messagesSummarized=now.summarized))
 
     async def _call_unless_paused(self, transcript: Transcript) -> ModelMessage | None:
         """One model call; a pause cancels it (nothing of it is stored, so the resume sends it again)."""
@@ -401,7 +450,10 @@ class _Execution:
             raise NodeFailure(message, "error_max_turns")
 
     def _request(self, transcript: Transcript) -> dict[str, Any]:
-        return build_request(self.cfg, list(transcript.messages), [t.definition() for t in self.tools.values()])
+        """The next request: what the model is sent of the stored conversation (``context_window.py``)."""
+        self.sent_tool_choice = self.cfg.tool_choice_for(first_call=self.pass_calls + self.turns == 0)
+        return build_request(self.cfg, window(transcript.rows, self.cfg.model).messages,
+                             [t.definition() for t in self.tools.values()], tool_choice=self.sent_tool_choice)
 
     async def _check_output(self, transcript: Transcript, content: list[dict[str, Any]], step: int) -> bool:
         """Validate the answer against ``outputSchema``; True if the model was asked to correct it."""
@@ -410,12 +462,17 @@ class _Execution:
         if problem is None:
             return False
         retry = self.schema_tries < self.cfg.output_retries
+        how = "native" if self.cfg.native_output else "instruction"
+        # On the native path the API held the answer to the strict subset of the schema: what failed is
+        # an assertion that subset leaves out (minLength, pattern, …), or a truncated answer.
+        hint = " (native structured output: the API enforces only the strict subset of the schema)" \
+            if self.cfg.native_output else ""
         self.ctx.emit(AgentError(errorType="error_output_schema", message=f"the answer does not match "
-                                 f"outputSchema: {problem}", details={"try": self.schema_tries + 1,
-                                                                      "willRetry": retry}))
+                                 f"outputSchema{hint}: {problem}", details={"try": self.schema_tries + 1,
+                                                                            "willRetry": retry, "path": how}))
         if not retry:
             raise NodeFailure(f"node {self.ctx.node_id!r}: the answer does not match outputSchema after "
-                              f"{self.schema_tries + 1} tries: {problem}", "error_output_schema")
+                              f"{self.schema_tries + 1} tries{hint}: {problem}", "error_output_schema")
         self.schema_tries += 1
         transcript.add("user", f"Your answer does not match the required JSON Schema: {problem}. Reply again "
                                "with only the corrected JSON value.", step)

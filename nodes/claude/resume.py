@@ -143,6 +143,6 @@ class Pickup:
         own = self.own_messages()  # the session's last rows: earlier passes' come first
         if len(self.own) <= preamble_length or not own or own[-1]["role"] != "assistant" or tool_uses(own[-1]):
             return None
-        if (own[-1].get("modelCall") or {}).get("stopReason") == "pause_turn":
+        if (own[-1].get("modelCall") or {}).get("stopReason") in ("pause_turn", "compaction"):
             return None  # not an answer: the turn goes on with the next call
         return own[-1]
