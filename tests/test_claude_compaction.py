@@ -20,11 +20,11 @@ from typing import Any
 import anthropic
 import pytest
 from flowkernel.agents.tools import tool
-from flowkernel.run.kernel import Kernel
 from flowkernel.core.events import AgentCompaction, AgentUsage
 from flowkernel.errors import FlowValidationError
 from flowkernel.fixtures.compare import without_texts
 from flowkernel.nodes.claude.context_window import window
+from flowkernel.run.kernel import Kernel
 from flowkernel.store.memory import MemoryStore
 from flowkernel.testing.fake_api import Compaction, FakeAnthropic, Text, ToolUse, reply
 from flowkernel.testing.fake_conversation import DEFAULT_SUMMARY, context_tokens

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 from flowkernel.agents.tools import tool
-from flowkernel.run.kernel import Kernel
 from flowkernel.errors import FlowValidationError
+from flowkernel.run.kernel import Kernel
 from flowkernel.store.memory import MemoryStore
 from flowkernel.testing.fake_api import FakeAnthropic, Text, ToolUse, reply
 
