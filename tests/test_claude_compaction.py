@@ -286,7 +286,8 @@ async def test_fixtures_written_from_a_compacting_run_replay_it_and_refuse_it_wi
     kernel = reader_kernel(tmp_path, fake)
     flow = agent_flow(prompt=BIG, tools=["read"], compaction=COMPACTION)
     snap = await kernel.run(kernel.compile(flow), {})
-    write_fixtures(fixtures_from_run(kernel.store, snap.runId, tools=dict(kernel.registry.tools)), tmp_path / "fx")
+    write_fixtures(fixtures_from_run(kernel.store, snap.runId, tools=dict(kernel.registry.tools),
+                                    node_types=kernel.registry.node_types), tmp_path / "fx")
 
     replay = Kernel(MemoryStore(), registry=kernel.registry, services={"query_fn": MockQuery(tmp_path / "fx")})
     again = await replay.run(replay.compile(flow), {})
