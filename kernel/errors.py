@@ -97,6 +97,11 @@ class CommandRejectedError(InvalidInputError):
         self.invalid = invalid
 
 
+class NotPooledError(CommandRejectedError):
+    """A run a ``flowkernel run`` process started (not queued for the workers) was asked to go on through
+    the workers; nothing is recorded."""
+
+
 class FlowUpdateError(InvalidInputError):
     """A run cannot continue on an updated flow (``resume``/``retry --flow``); ``problems`` lists every
     reason, one line each. Nothing was recorded."""

@@ -264,7 +264,7 @@ def test_run_killed_from_outside_after_a_commit_resumes_to_the_uninterrupted_res
 
 
 def test_a_resumed_run_that_crashes_again_resumes_again(flow_file: Path, reference: Stored, tmp_path: Path) -> None:
-    # Fails until kernel/run/kernel.py Kernel._acquire is fixed: a takeover stores a lease expiring at
+    # Fails until kernel/run/leases.py Leases.acquire is fixed: a takeover stores a lease expiring at
     # now + 3*TTL, and the next takeover only pretends it is now + 2*TTL (see the report of issue 2).
     db = tmp_path / "runs.db"
     crashed = subprocess.run(_run_cmd(flow_file, db), env=_env(CRASH_AT="20"), capture_output=True, text=True,

@@ -150,7 +150,7 @@ def test_a_run_whose_commit_fails_fails_alone_while_the_others_complete(tmp_path
 
     victim: list[str] = []
     kernel = Kernel(store, registry=registry(step=step))
-    original = kernel._new_run
+    original = kernel.creation.new_run
 
     def first_is_victim(*a: Any, **kw: Any) -> Any:
         created = original(*a, **kw)
@@ -158,7 +158,7 @@ def test_a_run_whose_commit_fails_fails_alone_while_the_others_complete(tmp_path
             victim.append(created[0].run_id)
         return created
 
-    kernel._new_run = first_is_victim  # type: ignore[method-assign]
+    kernel.creation.new_run = first_is_victim  # type: ignore[method-assign]
     finals = _many(kernel, _chain(5), 8)
     failed = [f for f in finals if isinstance(f, StoreError)]
     assert len(failed) == 1 and victim[0] in str(failed[0])

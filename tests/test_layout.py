@@ -148,3 +148,61 @@ def test_each_package_says_in_its_first_line_what_lives_there() -> None:
             if not doc or not doc.splitlines()[0].strip():
                 silent.append(name)
     assert silent == [], f"packages without a docstring saying what they hold: {silent}"
+
+
+# -- a thin Kernel, and a server that never starts an event loop of its own ---------------------------
+
+KERNEL_MAX_LINES = 200
+
+
+def kernel_fat(source: str) -> list[str]:
+    """What makes the ``Kernel`` class in ``source`` more than a facade: a body of ``KERNEL_MAX_LINES``
+    lines or more, or a method (``__init__`` aside) doing more than one thing (its docstring aside)."""
+    [kernel] = [n for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name == "Kernel"]
+    found = []
+    length = (kernel.end_lineno or kernel.lineno) - kernel.lineno + 1
+    if length >= KERNEL_MAX_LINES:
+        found.append(f"Kernel is {length} lines (fewer than {KERNEL_MAX_LINES})")
+    for node in kernel.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name != "__init__":
+            body = node.body[1:] if ast.get_docstring(node) is not None else node.body
+            if len(body) > 1:
+                found.append(f"Kernel.{node.name} does {len(body)} things: delegate it")
+    return found
+
+
+def loops_per_request(sources: dict[str, str]) -> list[str]:
+    """Modules of ``flowkernel.server`` that start an event loop (``anyio.run``, ``asyncio.run``): a route
+    awaits the Kernel on the server's own loop instead."""
+    found = []
+    for name, source in sorted(sources.items()):
+        if name == "flowkernel.server" or name.startswith("flowkernel.server."):
+            for node in ast.walk(ast.parse(source)):
+                if isinstance(node, ast.Call) and ast.unparse(node.func) in ("anyio.run", "asyncio.run", "run"):
+                    found.append(f"{name}:{node.lineno} calls {ast.unparse(node.func)}")
+    return found
+
+
+def _sources() -> dict[str, str]:
+    return {name: path.read_text(encoding="utf-8") for name, path in _modules().items()}
+
+
+def test_the_kernel_is_a_thin_facade() -> None:
+    assert kernel_fat(_sources()["flowkernel.run.kernel"]) == []
+
+
+def test_a_planted_fat_kernel_is_reported() -> None:
+    method = "    def run(self) -> int:\n        x = 1\n        return x\n"
+    assert kernel_fat(f"class Kernel:\n{method}") == ["Kernel.run does 2 things: delegate it"]
+    long = "class Kernel:\n" + "".join(f"    def m{i}(self) -> int:\n        return {i}\n" for i in range(100))
+    assert kernel_fat(long) == ["Kernel is 201 lines (fewer than 200)"]
+
+
+def test_no_module_of_the_server_starts_an_event_loop() -> None:
+    assert loops_per_request(_sources()) == []
+
+
+def test_a_planted_loop_per_request_is_reported() -> None:
+    planted = "import anyio\n\ndef route(f):\n    return anyio.run(f)\n"
+    assert loops_per_request({**_sources(), "flowkernel.server.planted": planted}) == [
+        "flowkernel.server.planted:4 calls anyio.run"]

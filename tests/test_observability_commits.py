@@ -127,9 +127,9 @@ def test_deltas_waiting_for_their_window_are_committed_when_the_run_pauses() -> 
         async with anyio.create_task_group() as tg:
             tg.start_soon(kernel.execute, run_id)
             with anyio.fail_after(10):
-                while run_id not in kernel._executing:
+                while kernel.executing(run_id) is None:
                     await anyio.sleep(0.01)
-                while len(kernel._executing[run_id]._applied) < 20:
+                while len(kernel.executing(run_id)._applied) < 20:  # type: ignore[union-attr]
                     await anyio.sleep(0.01)
             from flowkernel.core.commands import Command
 

@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import flowkernel.run.kernel
+import flowkernel.run.flow_cache
+import flowkernel.run.reads
 import pytest
 from flowkernel.core.compiler import compile_flow
 from flowkernel.plugins.registry import default_registry
@@ -77,7 +78,7 @@ def test_loading_a_stored_run_compiles_its_flow_and_reads_its_checkpoint_with_th
     finally:
         store.close()
     enabled: dict[str, list[bool]] = {"compile": [], "checkpoint": []}
-    compile_flow, decode_checkpoint = flowkernel.run.kernel.compile_flow, flowkernel.run.kernel.decode_checkpoint
+    compile_flow, decode_checkpoint = flowkernel.run.flow_cache.compile_flow, flowkernel.run.reads.decode_checkpoint
 
     def compiling(*args: Any, **kwargs: Any) -> Any:
         enabled["compile"].append(gc.isenabled())
@@ -87,8 +88,8 @@ def test_loading_a_stored_run_compiles_its_flow_and_reads_its_checkpoint_with_th
         enabled["checkpoint"].append(gc.isenabled())
         return decode_checkpoint(*args, **kwargs)
 
-    monkeypatch.setattr(flowkernel.run.kernel, "compile_flow", compiling)
-    monkeypatch.setattr(flowkernel.run.kernel, "decode_checkpoint", loading)
+    monkeypatch.setattr(flowkernel.run.flow_cache, "compile_flow", compiling)
+    monkeypatch.setattr(flowkernel.run.reads, "decode_checkpoint", loading)
     store = SqliteStore(db)
     try:
         fresh = Kernel(store)  # nothing compiled yet in this kernel: the stored flow is
@@ -161,7 +162,7 @@ def test_running_a_flow_builds_no_dataclass_of_the_run_shell(tmp_path: Path, cle
     made = done.stderr.rsplit("MADE=", 1)[-1].strip().split(",")
     # (flowkernel.core.node's stay dataclasses: `validate` of a flow known to be valid imports it, and not msgspec.)
     shell = ("flowkernel.run.loop.", "flowkernel.core.scheduling.", "flowkernel.core.compiler.", "flowkernel.core.commands.",
-             "flowkernel.run.kernel.", "flowkernel.core.expression_scope.")
+             "flowkernel.run.", "flowkernel.core.expression_scope.")
     assert [m for m in made if m.startswith(shell)] == []
 
 
@@ -204,7 +205,8 @@ def test_a_resumed_run_reads_its_checkpoint_and_looks_over_its_whole_flow_once_b
 
         def step(i: int) -> int:
             if i == 1:
-                kernel._executing[run_id].deliver(Command(kind="pause", reason="test"))
+                kernel.executing(run_id).deliver(  # type: ignore[union-attr]
+                    Command(kind="pause", reason="test"))
             return i
 
         registry.add_function("step", step)

@@ -185,7 +185,7 @@ def test_a_claimed_run_with_nothing_in_flight_continues_without_a_resume(tmp_pat
     compiled = kernel.compile(chain(3))
     run_id = kernel.enqueue(compiled)
     claim = kernel.store.claim_runs("elsewhere:1:x", int(time.time() * 1000), 100, 1)[0]
-    kernel._start(compiled, kernel.store.get_run(run_id), claim.lease)  # started, then its worker vanished
+    kernel.creation.start_queued(compiled, kernel.store.get_run(run_id), claim.lease)  # started, then its worker vanished
 
     async def body(worker: Worker) -> None:
         await until(lambda: kernel.store.get_run(run_id).status == "completed", "the orphan to be recovered")

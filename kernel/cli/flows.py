@@ -86,10 +86,10 @@ def missing_input_hint(schema: Any, value: Any) -> str | None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from flowkernel.cli.inputs import parse_inputs
     from flowkernel.errors import RunInputError
     from flowkernel.flowfiles.validated import load_valid_flow
     from flowkernel.plugins.registry import default_registry
-    from flowkernel.run.kernel import parse_inputs
 
     # Everything about the input is checked before the store is touched. A queued run executes in a
     # worker, with the worker's plugins: its functions and tools are the worker's to know, not this

@@ -76,7 +76,7 @@ def cmd_rerun(args: argparse.Namespace) -> int:
 
 
 def cmd_fork(args: argparse.Namespace) -> int:
-    from flowkernel.run.kernel import parse_inputs
+    from flowkernel.cli.inputs import parse_inputs
     from flowkernel.run.timetravel import fork
 
     with opened(args) as kernel:

@@ -4,15 +4,23 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 from flowkernel.agents.default import default_query
 from flowkernel.core.expression_scope import ExpressionLimits, limits_from_env
 from flowkernel.core.services import NodeLimits, RunServices
 from flowkernel.errors import InvalidInputError
-from flowkernel.run.settings import RunSettings, check_fixtures
+from flowkernel.plugins.registry import default_registry
+from flowkernel.run.settings import RunSettings, check_fixtures, import_plugins
 from flowkernel.run.tuning import Tuning
+
+if TYPE_CHECKING:
+    from flowkernel.core.compiler import CompiledFlow
+    from flowkernel.plugins.registry import Registry
+    from flowkernel.run.flow_cache import FlowCache
+    from flowkernel.store.base import RunRecord, Store
 
 
 def _number(key: str, value: Any) -> float:
@@ -120,3 +128,61 @@ def query_for(run_id: str, services: RunServices, settings: RunSettings, mocks: 
 
         mock = mocks[settings.fixtures] = MockQuery(settings.fixtures)
     return msgspec.structs.replace(services, fixtures=settings.fixtures, query_fn=mock)
+
+
+class RunSetup:
+    """What each run executes with here: its settings with this process's replacing what they set, the
+    plugins they name (imported, and adopted by a registry of the caller's own), and its services."""
+
+    def __init__(self, store: Store, registry: Registry, flows: FlowCache, services: RunServices,
+                 settings: RunSettings) -> None:
+        self.store, self.registry, self.flows = store, registry, flows
+        self.services, self.settings = services, settings
+        self._mocks: dict[str, Any] = {}
+
+    def flow_for_run(self, run_id: str, source: str | Path | dict[str, Any]) -> CompiledFlow:
+        """A flow to continue ``run_id`` on (``resume``/``retry`` with ``flow=``): a flow file's path or a
+        flow document, validated with the plugins the run executes with loaded first (their functions
+        and tools are names the flow may use)."""
+        self.load_plugins_of(run_id)
+        if isinstance(source, dict):
+            return self.flows.compile(source, source="flowDocument")
+        return self.flows.load(source)
+
+    def load_plugins_of(self, run_id: str) -> None:
+        """Import the plugin modules ``run_id`` executes with (its own, and this kernel's), as an
+        execution of it would: what reads its flow file again (``rerun``, ``--flow``) then knows the
+        functions, tools and node types the flow names. Raises SettingUnavailableError naming a module
+        that does not import here."""
+        record = self.store.get_run(run_id)
+        settings = RunSettings.from_json(record.settings).overridden_by(self.settings)
+        import_plugins(run_id, settings)
+        if settings.plugins and self.registry is not default_registry():
+            self.adopt_plugins()
+
+    def prepare(self, record: RunRecord) -> RunServices:
+        """The services to execute ``record``'s run with: its settings, with this kernel's replacing what
+        they set (and kept for the run). Raises SettingUnavailableError, before anything is recorded,
+        when the run needs what this process cannot provide."""
+        stored = RunSettings.from_json(record.settings)
+        effective = stored.overridden_by(self.settings)
+        services = self.services_for(record.runId, effective)
+        if effective != stored:
+            self.store.set_run_settings(record.runId, effective.to_json())
+        return services
+
+    def services_for(self, run_id: str, settings: RunSettings, *, new: bool = False) -> RunServices:
+        """The services ``run_id`` executes with under ``settings`` (its plugins imported first)."""
+        import_plugins(run_id, settings)
+        if settings.plugins and self.registry is not default_registry():
+            self.adopt_plugins()
+        return query_for(run_id, self.services, settings, self._mocks, new=new)
+
+    def adopt_plugins(self) -> None:
+        """Plugins register in the default registry: give this kernel's own registry what it lacks of it."""
+        default = default_registry()
+        for mine, theirs in ((self.registry.functions, default.functions), (self.registry.tools, default.tools),
+                             (self.registry.node_types, default.node_types)):
+            for name in list(theirs.keys()):
+                if name not in mine:
+                    mine[name] = theirs[name]  # type: ignore[assignment]

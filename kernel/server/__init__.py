@@ -1,4 +1,4 @@
-"""The HTTP API (DESIGN §10): routes, problems, auth, limits, pagination, response models, the event feed and stream, the web UI's assets; a thin face over run/'s Kernel.
+"""The HTTP API (DESIGN §10): routes, problems, auth, limits, pagination, response models, the event feed and stream, the web UI's assets; a thin face over run/'s Kernel that never starts an event loop of its own.
 
 One module per job: ``app`` builds the application, ``problems`` turns errors into RFC 9457
 responses, ``auth`` checks the bearer token, ``limits`` caps request bodies, ``headers`` adds the

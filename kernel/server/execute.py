@@ -15,8 +15,7 @@ import anyio
 import anyio.to_thread
 from fastapi import APIRouter, Query, Request, Response
 from flowkernel.core.compiler import CompiledFlow
-from flowkernel.errors import FlowValidationError, StoreError
-from flowkernel.run.kernel import Kernel
+from flowkernel.errors import FlowValidationError
 from flowkernel.server.document import problems
 from flowkernel.server.feed import Feed
 from flowkernel.server.problems import ApiProblem
@@ -59,20 +58,6 @@ def _flow_of(request: Request, body: CreateRun) -> CompiledFlow:
         raise _invalid_document(exc) from None
 
 
-def _enqueue(kernel: Kernel, flow: CompiledFlow, body: CreateRun) -> tuple[str, bool]:
-    """The run's id, and whether it is new (not the one an earlier request made with this key)."""
-    key = body.idempotencyKey
-    if key is not None and (found := kernel.store.find_idempotent(key)) is not None:
-        return found.runId, False
-    try:
-        return kernel.enqueue(flow, body.input, idempotency_key=key), True
-    except StoreError:
-        # Two requests with one key at once: the store lets one create the run; the other gets it.
-        if key is not None and (found := kernel.store.find_idempotent(key)) is not None:
-            return found.runId, False
-        raise
-
-
 async def wait_until_stopped(request: Request, run_id: str, wait_s: float) -> None:
     """Return when the run is neither queued nor running, or after ``wait_s`` seconds."""
     kernel = kernel_of(request)
@@ -96,7 +81,7 @@ async def wait_until_stopped(request: Request, run_id: str, wait_s: float) -> No
 async def create_run(request: Request, body: CreateRun, wait: Wait = None) -> Response:
     kernel = kernel_of(request)
     flow = _flow_of(request, body)
-    run_id, new = await anyio.to_thread.run_sync(_enqueue, kernel, flow, body)
+    run_id, new = await anyio.to_thread.run_sync(kernel.enqueue_once, flow, body.input, body.idempotencyKey)
     if wait:
         await wait_until_stopped(request, run_id, wait)
     summary = await anyio.to_thread.run_sync(kernel.summary, run_id)
@@ -108,44 +93,30 @@ async def create_run(request: Request, body: CreateRun, wait: Wait = None) -> Re
 _CONTINUE_RESPONSES = problems(400, 404, 409, 422)
 
 
-def _to_pool(kernel: Kernel, run_id: str, kind: str, body: Resume | Retry | None) -> int:
-    """Resume or retry ``run_id`` through the workers; the seq of its accepting ``command:received``."""
-    record = kernel.store.get_run(run_id)
-    if not record.pooled:
-        raise ApiProblem(409, f"run {run_id} was started by a `flowkernel run` process, not queued for the workers: "
-                              f"continue it with `flowkernel {kind} {run_id}`", kind="not-pooled")
+async def _to_pool(request: Request, run_id: str, kind: str, body: Resume | Retry | None) -> Response:
+    """Resume or retry ``run_id`` through the workers: 202 with the seq of its accepting ``command:received``."""
     message = body.message if body is not None else None
-    budget = body.budget if isinstance(body, Resume) else None
-    flow = None
-    if body is not None and body.flowDocument is not None:
-        try:
-            flow = kernel.flow_for_run(run_id, body.flowDocument)
-        except FlowValidationError as exc:
-            raise _invalid_document(exc) from None
-    if kind == "resume":
-        snap = anyio.run(lambda: kernel.resume(run_id, message if message is not None else "continue", queue=True,
-                                               budget=budget, flow=flow))
-    else:
-        snap = anyio.run(lambda: kernel.retry(run_id, message=message, queue=True, flow=flow))
-    # Handed to the pool with the accepting command:received, a flow:updated if the flow changed, then
-    # flow:resumed.
-    return snap.seq - (2 if snap.flowHash != record.flowHash else 1)
+    if kind == "resume" and message is None:
+        message = "continue"
+    try:
+        accepted = await kernel_of(request).continue_in_pool(
+            run_id, kind, message=message, budget=body.budget if isinstance(body, Resume) else None,
+            flow=body.flowDocument if body is not None else None)
+    except FlowValidationError as exc:
+        raise _invalid_document(exc) from None
+    return json_response({"accepted": True, "seq": accepted.seq}, status=202)
 
 
 @router.post("/runs/{runId}/resume", status_code=202, response_model=Accepted, responses=_CONTINUE_RESPONSES,
              summary="Continue a paused, failed or interrupted run (a worker executes it)")
 async def resume(request: Request, runId: str, body: Resume | None = None) -> Response:
-    kernel = kernel_of(request)
-    seq = await anyio.to_thread.run_sync(_to_pool, kernel, runId, "resume", body)
-    return json_response({"accepted": True, "seq": seq}, status=202)
+    return await _to_pool(request, runId, "resume", body)
 
 
 @router.post("/runs/{runId}/retry", status_code=202, response_model=Accepted, responses=_CONTINUE_RESPONSES,
              summary="Run the failed nodes of a failed run again (a worker executes it)")
 async def retry(request: Request, runId: str, body: Retry | None = None) -> Response:
-    kernel = kernel_of(request)
-    seq = await anyio.to_thread.run_sync(_to_pool, kernel, runId, "retry", body)
-    return json_response({"accepted": True, "seq": seq}, status=202)
+    return await _to_pool(request, runId, "retry", body)
 
 
 # -- time travel ------------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from flowkernel.errors import (
     FlowUpdateError,
     FlowValidationError,
     InvalidInputError,
+    NotPooledError,
     RunBusyError,
     RunInputError,
     StoreError,
@@ -111,6 +112,8 @@ def _from_flowkernel(exc: FlowkernelError, request: Request) -> JSONResponse:
         return problem(422, str(exc), errors=[("$.input" + path.removeprefix("input"), message)
                                               for path, message in exc.problems], kind="invalid-input",
                        request=request)
+    if isinstance(exc, NotPooledError):
+        return problem(409, str(exc), kind="not-pooled", request=request)
     if isinstance(exc, CommandRejectedError):
         status = 422 if exc.invalid else 409
         return problem(status, str(exc), kind="command-refused", request=request)

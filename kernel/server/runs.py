@@ -6,8 +6,6 @@ import re
 import typing
 from typing import Annotated, Any
 
-import anyio
-import anyio.to_thread
 import msgspec
 from fastapi import APIRouter, Query, Request, Response
 from flowkernel.core.commands import Command
@@ -121,26 +119,11 @@ def list_events(request: Request, runId: str,
 
 # -- commands -----------------------------------------------------------------------------------
 
-def _deliver(kernel: Kernel, run_id: str, cmd: Command) -> int:
-    """The seq of the ``command:received`` that accepted ``cmd``.
-
-    Kernel.command is the CLI's own path: judged where the run is, refusals recorded in its log. A
-    reply or send that lands in a run of the worker pool that nobody executes (it waits) hands the
-    run back to the pool, as ``flowkernel reply`` does; a worker carries on with it."""
-    from flowkernel.run.kernel import continue_stopped
-
-    outcome = anyio.run(lambda: kernel.command(run_id, cmd))
-    if cmd.kind in ("reply", "send"):
-        record = kernel.store.get_run(run_id)
-        if record.pooled and record.leaseOwner is None:
-            kernel.hand_to_pool(run_id, continue_stopped)
-    return outcome.record.seq
-
-
 async def _command(request: Request, run_id: str, cmd: Command) -> Response:
-    # Commands block on the store, so each gets a thread (and an event loop) of its own.
-    seq = await anyio.to_thread.run_sync(_deliver, kernel_of(request), run_id, cmd)
-    return json_response({"accepted": True, "seq": seq}, status=202)
+    # Judged where the run is, refusals recorded in its log (Kernel.accept, as the CLI's commands); a reply
+    # or send that lands in a waiting run of the worker pool hands it back to the pool.
+    accepted = await kernel_of(request).accept(run_id, cmd)
+    return json_response({"accepted": True, "seq": accepted.seq}, status=202)
 
 
 # A command is refused because of the run's state (409) or because it is wrong (422); either is recorded.

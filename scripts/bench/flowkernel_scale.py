@@ -222,7 +222,8 @@ def resume_first_line(nodes: int = 10_000) -> Metrics:
 
             def step(i: int) -> None:
                 if i == half - 1:
-                    kernel._executing[run_id].deliver(Command(kind="pause", reason="benchmark"))
+                    kernel.executing(run_id).deliver(  # type: ignore[union-attr]
+                        Command(kind="pause", reason="benchmark"))
 
             kernel.registry.add_function("append", step)
             flow = kernel.compile(fk._chain_document(nodes))

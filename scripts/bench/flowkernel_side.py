@@ -202,7 +202,8 @@ async def _run_and_pause(kernel: Kernel, steps: int) -> tuple[str, RunSnapshot]:
         append(i, ctx)
         if i == pause_at:
             # Private: the executions running in this process (benchmark-only shortcut, see above).
-            kernel._executing[ctx.flow_run_id].deliver(Command(kind="pause", reason="benchmark S3"))
+            kernel.executing(ctx.flow_run_id).deliver(  # type: ignore[union-attr]
+                Command(kind="pause", reason="benchmark S3"))
 
     kernel.registry.add_function("append", append_then_pause)
     flow = kernel.compile(_chain_document(steps + 1))
