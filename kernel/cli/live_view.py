@@ -41,6 +41,7 @@ from flowkernel.core.events import (
     NodeWaiting,
     StatePatch,
     decode,
+    event_type,
 )
 from flowkernel.core.snapshot import RunSnapshot, undelivered_answer
 from flowkernel.history.summaries import RunSummary
@@ -136,7 +137,7 @@ def _dumps(value: Any) -> str:
 
 
 # Stored events the live view only counts, by the start of their JSON (msgspec writes the tag first).
-_COUNTED = {b'{"type":"node:complete': "done", b'{"type":"node:skipped': "skipped"}
+_COUNTED = {"node:complete": "done", "node:skipped": "skipped"}
 
 
 # Events whose lines need nothing of the run's history but when it started (``seed_later``).
@@ -215,7 +216,7 @@ class LiveView:
         last: bytes | None = None
         for ev in events:
             if isinstance(ev, bytes):
-                counted = _COUNTED.get(ev[:ev.find(b'",')])
+                counted = _COUNTED.get(event_type(ev) or "")
                 if counted is not None and not self._failed:  # a completion may clear a failure
                     self.counts[counted] += 1
                     last = ev
