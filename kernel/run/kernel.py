@@ -62,6 +62,7 @@ from flowkernel.plugins.registry import Registry, default_registry
 from flowkernel.redaction import holds_secret, redact_bytes
 from flowkernel.run.children import KernelChildren
 from flowkernel.run.committer import Committer
+from flowkernel.run.defaults import DEFAULT_LEASE_S
 from flowkernel.run.gc_pause import collector_paused
 from flowkernel.run.loop import COMMAND_POLL_S, EventListener, RunExecution
 from flowkernel.run.node_context import ShellNodeContext
@@ -70,7 +71,6 @@ from flowkernel.run.setup import query_for, services_of
 from flowkernel.run.tuning import Tuning
 from flowkernel.store.base import AgentRun, CreateRequest, EventRow, Lease, RunRecord, Store
 from flowkernel.store.checkpoint import decode_checkpoint, encode_checkpoint
-from flowkernel.workers.defaults import DEFAULT_LEASE_S
 from msgspec.structs import replace
 
 if TYPE_CHECKING:
