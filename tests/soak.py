@@ -184,7 +184,7 @@ def _next_command(case: Case, db: Path, run_id: str | None) -> list[str] | None:
         return ["run", str(case.flow), *inputs, *fixtures, "--db", str(db)]
 
     def look(kernel: Any) -> tuple[str, dict[str, str], str, Counter[str]]:
-        from flowkernel.cli.live_view import show_snapshot
+        from flowkernel.cli.show import show_snapshot
 
         snap = kernel.snapshot(run_id)
         asked = Counter(ev.nodeId or "" for ev in kernel.events(run_id) if ev.type == "node:waiting")

@@ -325,8 +325,8 @@ async def test_retries_give_up_after_the_limit(tmp_path: Path, fake: FakeAnthrop
     assert snap.faults["agent"].errorType == "overloaded"
 
 
-async def test_a_failed_observability_write_is_reported_and_the_agent_goes_on(tmp_path: Path,
-                                                                              fake: FakeAnthropic) -> None:
+async def test_a_failed_observability_write_is_reported_and_the_agent_goes_on(
+        tmp_path: Path, fake: FakeAnthropic, caplog: pytest.LogCaptureFixture) -> None:
     fake.script(reply(ToolUse("echo", {"text": "a"})), reply(Text("fine")))
     kernel = make_kernel(tmp_path, fake)
     kernel.registry.add_tool("echo", lambda text: text)
@@ -339,10 +339,12 @@ async def test_a_failed_observability_write_is_reported_and_the_agent_goes_on(tm
     assert snap.status == "completed" and snap.outputs["agent"]["text"] == "fine"
     errors = [e for e in agent_events(kernel, snap.runId) if isinstance(e, AgentError)]
     assert [e.errorType for e in errors] == ["store_error"] and "disk full" in errors[0].message
+    [logged] = [r for r in caplog.records if r.name == "flowkernel.nodes"]
+    assert "could not store the agent's tool call" in logged.getMessage() and "disk full" in logged.getMessage()
 
 
 async def test_an_agent_whose_run_was_taken_over_adds_no_row_and_stops_quietly(
-        tmp_path: Path, fake: FakeAnthropic, capsys: pytest.CaptureFixture[str]) -> None:
+        tmp_path: Path, fake: FakeAnthropic, caplog: pytest.LogCaptureFixture) -> None:
     # WHEN another executor takes the run over while the agent runs a tool (this one froze past its
     # lease) THEN the agent stores no row of that tool call and makes no further model call: the new
     # executor rebuilds the conversation from the rows, which must hold nothing of the stale one.
@@ -365,7 +367,7 @@ async def test_an_agent_whose_run_was_taken_over_adds_no_row_and_stops_quietly(
     assert fake.request_count == 1
     assert kernel.store.list_tool_calls(flow_run_id=run.runId) == []
     assert [r["role"] for r in kernel.store.list_agent_messages(flow_run_id=run.runId)] == ["user", "assistant"]
-    assert "could not store" not in capsys.readouterr().err, "a lost lease is no observability failure"
+    assert "could not store" not in caplog.text, "a lost lease is no observability failure"
 
 
 # --- configuration -------------------------------------------------------------------------

@@ -9,7 +9,8 @@ from typing import Any
 
 import anyio
 import msgspec
-from flowkernel.cli.live_view import LiveView, preview
+from flowkernel.cli.live_view import LiveView
+from flowkernel.cli.show import preview
 from flowkernel.core.events import (
     AgentTextDelta,
     CommandReceived,

@@ -37,14 +37,15 @@ def test_entry_points_register_functions_node_types_and_tools_on_first_lookup(mo
 
 
 def test_a_broken_entry_point_is_skipped_with_a_message(monkeypatch: pytest.MonkeyPatch,
-                                                        capsys: pytest.CaptureFixture[str]) -> None:
+                                                        caplog: pytest.LogCaptureFixture) -> None:
     def fake_entry_points(group: str) -> list[Any]:
         return [EntryPoint("bad", "no_such_module:thing", group)] if group == "flowkernel.functions" else []
 
     monkeypatch.setattr(importlib.metadata, "entry_points", fake_entry_points)
     reg = Registry()
     assert reg.functions.get("bad") is None
-    assert "skipping entry point flowkernel.functions:bad" in capsys.readouterr().err
+    [record] = [r for r in caplog.records if r.name == "flowkernel.plugins" and r.levelname == "WARNING"]
+    assert "skipping entry point flowkernel.functions:bad" in record.getMessage()
 
 
 def test_importing_the_api_and_resuming_needs_neither_the_sdk_nor_validation_libraries() -> None:

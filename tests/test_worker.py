@@ -18,9 +18,10 @@ from flowkernel.core.commands import Command
 from flowkernel.core.events import CommandReceived, FlowComplete, FlowStart
 from flowkernel.errors import CommandRejectedError, LeaseLostError, StoreError
 from flowkernel.run.kernel import Kernel
+from flowkernel.run.pool import live_workers
 from flowkernel.store.base import Lease, RunRecord
 from flowkernel.store.sql.sqlite import SqliteStore
-from flowkernel.workers.worker import Worker, live_workers
+from flowkernel.workers.worker import Worker
 
 from tests.helpers import flow, py, registry, t
 

@@ -25,9 +25,9 @@ from flowkernel.cli.session import (
     EXIT_OK,
     EXIT_STOPPED,
     add_log_level,
-    configure_logging,
     stdout_closed,
 )
+from flowkernel.telemetry.logs import configure_logging
 
 __all__ = ["EXIT_FAILED", "EXIT_INVALID", "EXIT_OK", "EXIT_STOPPED", "main"]
 

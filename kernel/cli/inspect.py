@@ -89,7 +89,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
             for r, s in zip(records, shown, strict=True):
                 print(json.dumps({**detail_view(r, s), "workerId": holders.get(r.runId)}, ensure_ascii=False))
         else:
-            from flowkernel.cli.live_view import show_runs
+            from flowkernel.cli.show import show_runs
 
             show_runs(shown, sys.stdout, holders)
         if key is not None:
@@ -128,13 +128,13 @@ def _show_history(kernel: Kernel, args: argparse.Namespace) -> int:
     elif not page["items"]:
         print("no messages" if args.messages else "no tool calls")
     elif args.messages:
-        from flowkernel.cli.live_view import preview, whole
+        from flowkernel.cli.show import preview, whole
 
         for m in page["items"]:
             print(f"#{m['id']:<5} step {m['step']:<3} {m['role']:<9} {m['nodeId']:<16} {m['runId']}")
             print(f"       {whole(m['content'], ' ' * 7) if args.full else preview(m['content'], 110)}")
     else:
-        from flowkernel.cli.live_view import preview, whole
+        from flowkernel.cli.show import preview, whole
 
         def cut(value: Any) -> str:
             return whole(value, " " * 11) if args.full else preview(value, 100)
@@ -158,7 +158,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 
             print(json.dumps(kernel.detail(args.run, at=args.at), ensure_ascii=False))
         else:
-            from flowkernel.cli.live_view import show_snapshot
+            from flowkernel.cli.show import show_snapshot
 
             record = kernel.store.get_run(args.run)
             snap = kernel.snapshot(args.run, at=args.at)

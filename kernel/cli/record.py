@@ -35,10 +35,10 @@ def cmd_record(args: argparse.Namespace) -> int:
     from flowkernel.agents.credentials import require_credentials
     from flowkernel.cli.inputs import parse_inputs
     from flowkernel.core.events import BaseEvent
-    from flowkernel.fixtures.record import record_flow
     from flowkernel.flowfiles.load import load_flow
     from flowkernel.plugins.registry import default_registry
     from flowkernel.run.kernel import Kernel
+    from flowkernel.run.recording import record_flow
 
     require_credentials("record", fixtures=False)
     # Everything about the flow and the input is checked before a model is called.

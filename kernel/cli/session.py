@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 from collections.abc import Callable, Iterable, Iterator
@@ -26,34 +25,6 @@ def add_log_level(sp: argparse.ArgumentParser, *, default: str) -> None:
                     help=f"what flowkernel logs to stderr: {', '.join(LOG_LEVELS)} (default {DEFAULT_LOG_LEVEL}: "
                          "a worker's runs, serve's requests, and anything that goes wrong); before or after "
                          "the command")
-
-
-class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
-    """Writes to whatever ``sys.stderr`` is when a record comes (as ``logging.lastResort`` does)."""
-
-    @property
-    def stream(self) -> Any:
-        return sys.stderr
-
-    @stream.setter
-    def stream(self, value: Any) -> None:
-        pass
-
-
-_handler: logging.Handler | None = None
-
-
-def configure_logging(level: str) -> None:
-    """Send flowkernel's log records (loggers ``flowkernel.*``) to stderr, one line each with its time,
-    level and logger, at ``level`` and above. The library only logs; the command line says where to."""
-    global _handler
-    logger = logging.getLogger("flowkernel")
-    if _handler is None:  # once, however many times main() runs in one process
-        _handler = _Stderr()
-        _handler.setFormatter(logging.Formatter("%(asctime)s.%(msecs)03d %(levelname)s %(name)s: %(message)s",
-                                                "%Y-%m-%d %H:%M:%S"))
-        logger.addHandler(_handler)
-    logger.setLevel(level.upper())
 
 
 def add_db(sp: argparse.ArgumentParser) -> None:

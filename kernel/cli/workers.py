@@ -10,7 +10,8 @@ from typing import Any
 
 from flowkernel.cli.arguments import add_executor_options, positive_float, positive_int
 from flowkernel.cli.session import EXIT_OK, add_db, add_json, run_async
-from flowkernel.workers.defaults import DEFAULT_CONCURRENCY, DEFAULT_LEASE_S
+from flowkernel.run.defaults import DEFAULT_LEASE_S
+from flowkernel.workers.defaults import DEFAULT_CONCURRENCY
 
 
 def add_parsers(sub: Any) -> None:
@@ -83,7 +84,7 @@ def cmd_workers(args: argparse.Namespace) -> int:
     import time
 
     from flowkernel.cli.session import opened
-    from flowkernel.workers.worker import live_workers
+    from flowkernel.run.pool import live_workers
 
     with opened(args) as kernel:
         workers = live_workers(kernel)

@@ -302,3 +302,18 @@ def to_dict(event: BaseEvent) -> dict[str, Any]:
     """The event as the JSON object users see (``type`` included)."""
     out: dict[str, Any] = msgspec.json.decode(encoder.encode(event))
     return out
+
+
+PACKED_PREFIX = b'{"$packed":1,'  # a stored event body whose payload refers to blobs (flowkernel.store.packing)
+_TAG = b'"type":"'
+
+
+def event_type(body: bytes) -> str | None:
+    """The ``type`` of a stored event body (plain, or packed: ``{"$packed":1,"type":…``) from its first
+    bytes, msgspec writing the tag first; None for a body that is not an event (a checkpoint skeleton)."""
+    start = len(PACKED_PREFIX) if body.startswith(PACKED_PREFIX) else 1
+    if body[:1] != b"{" or body[start:start + len(_TAG)] != _TAG:
+        return None
+    begin = start + len(_TAG)
+    end = body.find(b'"', begin)
+    return body[begin:end].decode() if end > begin else None

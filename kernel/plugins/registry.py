@@ -8,8 +8,8 @@ from ``--plugin`` modules (also ``FLOWKERNEL_PLUGINS``), or from the Python API.
 from __future__ import annotations
 
 import importlib
+import logging
 import os
-import sys
 import threading
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar, overload
@@ -20,6 +20,8 @@ from flowkernel.plugins.builtins import BUILTIN_AGENT_TYPES, BUILTIN_NODE_TYPES
 from flowkernel.plugins.functions import Blocking as Blocking  # (documented here too)
 from flowkernel.plugins.functions import blocking as blocking  # ``flowkernel.registry.blocking`` in the docs
 from flowkernel.plugins.lazy import LazyMap
+
+log = logging.getLogger("flowkernel.plugins")
 
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
@@ -197,7 +199,7 @@ def _load_entry_points(reg: Registry) -> None:
             try:
                 add(ep.name, ep.load())
             except Exception as exc:
-                print(f"flowkernel: skipping entry point {group}:{ep.name}: {exc}", file=sys.stderr)
+                log.warning("skipping entry point %s:%s: %s", group, ep.name, exc)
 
 
 def load_plugins(modules: Iterable[str]) -> None:

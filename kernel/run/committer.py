@@ -11,13 +11,15 @@ runs start, only once its own rows are durable, as before.
 
 from __future__ import annotations
 
-import sys
+import logging
 from collections.abc import Callable
 
 import anyio
 import anyio.lowlevel
 import anyio.to_thread
 from flowkernel.store.base import CommitRequest, CreateRequest, Store
+
+log = logging.getLogger("flowkernel.run")
 
 
 class _Waiting:
@@ -78,7 +80,7 @@ class Committer:
             try:
                 callback()
             except Exception as exc:  # a watcher must never break the runs it watches
-                print(f"flowkernel: a commit watcher failed: {exc!r}", file=sys.stderr)
+                log.warning("a commit watcher failed: %r", exc)
 
     async def _drain(self) -> None:
         """Make one transaction of everything queued, then hand the next one to the first still waiting."""

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any
 import anyio
 from flowkernel.errors import LeaseLostError, RunBusyError, StoreError
 from flowkernel.ids import now_ms
+from flowkernel.run.defaults import DEFAULT_LEASE_S
 from flowkernel.store.base import Lease, RunRecord, Store
-from flowkernel.workers.defaults import DEFAULT_LEASE_S
 
 if TYPE_CHECKING:
     from flowkernel.run.loop import RunExecution

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import msgspec
 from flowkernel.core.compiler import CompiledFlow
-from flowkernel.core.events import Event, FlowStart, decode
+from flowkernel.core.events import Event, FlowStart, decode, event_type
 from flowkernel.core.reducer import fold, initial_snapshot
 from flowkernel.core.snapshot import RunSnapshot
 from flowkernel.errors import InvalidInputError
@@ -90,16 +90,14 @@ class Reads:
         bytes ``events --json`` prints, and the seq to pass as ``after`` for the next page (None once
         the end of the stored log is reached). Unknown runs raise ``UnknownRunError``."""
         self.store.get_run(run_id)
-        # msgspec writes the tag first: an event's type is the start of its body, no decoding needed.
-        prefixes = tuple(b'{"type":"' + t.encode() + b'"' for t in types) if types is not None else None
         out: list[bytes] = []
         seq = after
-        chunk = limit if prefixes is None else max(limit, 1000)
+        chunk = limit if types is None else max(limit, 1000)
         while True:
             bodies = self.store.read_events(run_id, after=seq, until=seq + chunk)  # seqs are gapless
             for body in bodies:
                 seq += 1
-                if prefixes is None or body.startswith(prefixes):
+                if types is None or event_type(body) in types:
                     out.append(body)
                     if len(out) == limit:
                         return out, seq

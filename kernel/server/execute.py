@@ -15,6 +15,7 @@ import anyio
 import anyio.to_thread
 from fastapi import APIRouter, Query, Request, Response
 from flowkernel.core.compiler import CompiledFlow
+from flowkernel.core.events import event_type
 from flowkernel.errors import FlowValidationError
 from flowkernel.server.document import problems
 from flowkernel.server.feed import Feed
@@ -26,7 +27,7 @@ router = APIRouter(tags=["runs"])
 
 MAX_WAIT_S = 300
 # Events after which a run is no longer executing; the run row tells which status it stopped in.
-_STOPS = (b'{"type":"flow:complete"', b'{"type":"flow:paused"', b'{"type":"flow:waiting"')
+_STOPS = frozenset({"flow:complete", "flow:paused", "flow:waiting"})
 _MOVING = ("queued", "running")
 
 Wait = Annotated[float | None, Query(ge=0, le=MAX_WAIT_S,
@@ -68,7 +69,7 @@ async def wait_until_stopped(request: Request, run_id: str, wait_s: float) -> No
     with anyio.move_on_after(wait_s):
         # The feed wakes this on each new event (no polling here); keepalives let the deadline through.
         async for body in feed.events(run_id, record.seq, keepalive_s=min(wait_s, 15.0) or 1.0):
-            if body is not None and body.startswith(_STOPS):
+            if body is not None and event_type(body) in _STOPS:
                 record = await anyio.to_thread.run_sync(kernel.store.get_run, run_id)
                 if record.status not in _MOVING:
                     return

@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 
 import anyio
 import anyio.to_thread
+from flowkernel.core.events import event_type
 from flowkernel.store.base import Store
 
 KEEP = 4096  # recent events kept per watched run
 HISTORY_PAGE = 1000  # events read from the store per step by a client that is behind
-END = b'{"type":"flow:complete"'
 
 log = logging.getLogger("flowkernel.server.feed")
 
@@ -136,7 +136,7 @@ class Feed:
                     ends = until is not None and seq + len(batch) >= until
                     if until is not None and ends:
                         batch = batch[:until - seq]  # the last event the client asked for
-                    last = next((i for i, body in enumerate(batch) if body.startswith(END)), None)
+                    last = next((i for i, body in enumerate(batch) if event_type(body) == "flow:complete"), None)
                     if last is not None:
                         yield batch[:last + 1]
                         return

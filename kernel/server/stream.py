@@ -20,6 +20,7 @@ from typing import Annotated
 import anyio.to_thread
 from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import StreamingResponse
+from flowkernel.core.events import event_type
 from flowkernel.server.document import problems
 from flowkernel.server.feed import Feed
 from flowkernel.server.pagination import MAX_INT
@@ -35,7 +36,7 @@ _SEQ = re.compile(r"[0-9]{1,16}")
 
 
 def frame(seq: int, body: bytes) -> bytes:
-    kind = body[9:body.index(b'"', 9)]  # msgspec writes the tag first: b'{"type":"<kind>"'
+    kind = (event_type(body) or "").encode()
     return b"id: %d\nevent: %s\ndata: %s\n\n" % (seq, kind, body)
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import msgspec
 from fastapi import APIRouter, Request, Response
+from flowkernel.run.pool import live_workers
 from flowkernel.server.runs import json_response, kernel_of
 from flowkernel.server.views import Workers
-from flowkernel.workers.worker import live_workers
 
 router = APIRouter(tags=["workers"])
 

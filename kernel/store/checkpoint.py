@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import msgspec
+from flowkernel.core.events import event_type
 from flowkernel.core.nesting import clipped, read_deep
 from flowkernel.core.snapshot import RunSnapshot
 from flowkernel.store.packing import LEAF, PACKED_PREFIX, Fetch, Packer, Resolver, blob_refs
@@ -78,7 +79,7 @@ def packed_blobs(body: bytes, fetch: Fetch) -> dict[str, bytes]:
     payloads refer to blobs, ``flowkernel.store.packing``); an event stored whole reaches none."""
     if body.startswith(PACKED_PREFIX):
         return reachable_blobs([read_deep(msgspec.json.decode, body)], fetch)
-    if body.startswith(b'{"type":'):
+    if event_type(body) is not None:
         return {}
     return checkpoint_blobs(body, fetch)
 

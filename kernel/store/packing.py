@@ -25,12 +25,12 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import msgspec
+from flowkernel.core.events import PACKED_PREFIX as PACKED_PREFIX  # where it is defined; re-exported
 from flowkernel.core.nesting import MARKER, MAX_DEPTH, clipped, read_deep
 
 LEAF = 8  # list items per leaf block
 FANOUT = 8  # blocks per block of the next level
 INLINE_BYTES = 512  # values smaller than this stay inline
-PACKED_PREFIX = b'{"$packed":1,'  # a stored event body whose payload refers to blobs
 
 _encode = msgspec.json.Encoder().encode
 

@@ -5,6 +5,7 @@ workers are the same class). Kept apart from the worker itself, so that building
 
 from __future__ import annotations
 
+from flowkernel.run.defaults import DEFAULT_LEASE_S as DEFAULT_LEASE_S  # the Kernel's too: defined in run/
+
 DEFAULT_CONCURRENCY = 8  # runs one worker executes at once
 DEFAULT_GRACE_S = 30.0  # on SIGTERM, how long node runs in flight may take to finish before they are handed over
-DEFAULT_LEASE_S = 15.0  # how soon another worker takes over the runs of one that stopped renewing its leases

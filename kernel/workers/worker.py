@@ -59,14 +59,6 @@ MAX_BACKOFF_S = 5.0
 log = logging.getLogger("flowkernel.worker")
 
 
-def live_workers(kernel: Kernel, now: int | None = None) -> list[WorkerRecord]:
-    """Registered workers that are alive: heartbeat within their lease time and, on this host, a
-    process that still exists."""
-    now = now_ms() if now is None else now
-    return [w for w in kernel.store.list_workers()
-            if w.heartbeatAt + w.leaseMs >= now and not owner_dead(w.workerId)]
-
-
 class Worker:
     """Claims runs for ``kernel`` and executes them, up to ``concurrency`` at once, until stopped."""
 

@@ -8,7 +8,7 @@ the run and will rebuild this conversation) is no failure to report: the node ru
 
 from __future__ import annotations
 
-import sys
+import logging
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -17,6 +17,8 @@ from flowkernel.core.node_context import NodeContext
 from flowkernel.errors import LeaseLostError
 from flowkernel.ids import now_ms
 from flowkernel.redaction import redacted
+
+log = logging.getLogger("flowkernel.nodes")
 
 PAGE = 500
 
@@ -95,7 +97,7 @@ class Transcript:
             raise
         except Exception as exc:
             message = f"could not store the agent's {what} (session {self.session_id}): {exc}"
-            print(f"flowkernel: node {self.ctx.node_id} ({self.ctx.run_id}): {message}", file=sys.stderr)
+            log.warning("node %s (%s): %s", self.ctx.node_id, self.ctx.run_id, message)
             self.ctx.emit(AgentError(errorType="store_error", message=message,
                                      details={"what": what, "step": fields.get("step")}))
             return None

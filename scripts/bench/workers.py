@@ -38,8 +38,8 @@ import anyio
 from flowkernel.core.commands import Command
 from flowkernel.core.events import FlowResumed, FlowStart
 from flowkernel.run.kernel import Kernel
+from flowkernel.run.pool import live_workers
 from flowkernel.store.open import open_store
-from flowkernel.workers.worker import live_workers
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))

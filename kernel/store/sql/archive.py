@@ -19,6 +19,7 @@ from contextlib import AbstractContextManager
 from typing import Any, ClassVar
 
 import msgspec
+from flowkernel.core.events import event_type
 from flowkernel.core.nesting import loads
 from flowkernel.errors import InvalidInputError, RunBusyError, StoreError, UnknownRunError
 from flowkernel.store.base import EventRow
@@ -57,7 +58,7 @@ class RunArchive(msgspec.Struct, kw_only=True):
         return str(self.run["run_id"])
 
 
-_NAMES_FLOWS = (b'{"type":"flow:start"', b'{"type":"flow:updated"')
+_NAMES_FLOWS = frozenset({"flow:start", "flow:updated"})
 
 
 def _flows_named(events: Sequence[tuple[int, int, msgspec.Raw]]) -> set[str]:
@@ -65,7 +66,7 @@ def _flows_named(events: Sequence[tuple[int, int, msgspec.Raw]]) -> set[str]:
     found: set[str] = set()
     for _, _, raw in events:
         body = bytes(raw)
-        if body.startswith(_NAMES_FLOWS):  # small events, never stored packed: plain JSON
+        if event_type(body) in _NAMES_FLOWS:  # small events, never stored packed: plain JSON
             ev = loads(body)
             found.update(str(ev[k]) for k in ("flowHash", "fromHash", "toHash") if k in ev)
     return found

@@ -28,7 +28,7 @@ from flowkernel.store.base import Lease, StoredSession, SummaryFold, session_of_
 # The tables per run, in the order a copy of a run writes them.
 SESSION_TABLES = ("session_transcripts", "session_entries")
 
-# ``{id}`` as in ``flowkernel.store.sql.store.SCHEMA_TEMPLATE``.
+# ``{id}`` as in ``flowkernel.store.sql.schema.SCHEMA_TEMPLATE``.
 SESSION_SCHEMA = [
     """CREATE TABLE IF NOT EXISTS session_transcripts (
         id {id}, flow_run_id TEXT NOT NULL, project_key TEXT NOT NULL, session_id TEXT NOT NULL,
