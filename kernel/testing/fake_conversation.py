@@ -394,6 +394,9 @@ def _tool_choice_problem(body: JSONObject, betas: set[str]) -> Refusal | None:
     return None
 
 
+CLEAR_THINKING_EDIT = "clear_thinking_20251015"
+
+
 def _context_management_problem(body: JSONObject, betas: set[str]) -> Refusal | None:
     if "compaction" in body:
         return Refusal("fake: the explicit compaction request (compaction: {type: summarize}) is not emulated", None,
@@ -406,6 +409,8 @@ def _context_management_problem(body: JSONObject, betas: set[str]) -> Refusal | 
     for i, edit in enumerate(management["edits"]):
         where = f"context_management.edits.{i}"
         kind = edit.get("type") if isinstance(edit, dict) else None
+        if kind == CLEAR_THINKING_EDIT:
+            continue  # what the Claude Code CLI sends (keep: "all"): the fake clears no thinking anyway
         if kind != COMPACTION_EDIT:
             return Refusal(f"{where}.type: fake: only the {COMPACTION_EDIT} edit is emulated", None, 500)
         if COMPACTION_BETA not in betas:
