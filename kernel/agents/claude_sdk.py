@@ -122,10 +122,12 @@ class SdkSessionQuery:
                                          session_store=store, session_store_flush="eager",
                                          can_use_tool=_can_use_tool(permission, request) if permission else None)
             client = ClaudeSDKClient(options)
+            ended = False
             try:
                 await client.connect()
                 await client.query(request.prompt)
                 yield _Live(client, request.prompt)
+                ended = True
             except Exception as exc:
                 if stderr:
                     exc.add_note("the Claude Code CLI said: " + "".join(stderr)[-2000:])
@@ -133,9 +135,11 @@ class SdkSessionQuery:
                 raise
             finally:
                 with anyio.CancelScope(shield=True):
-                    _stop_supervisor(home)
+                    if not ended:  # stopped midway (pause, abort, timeout, failure): the whole tree, now
+                        _stop_supervisor(home)
                     with anyio.move_on_after(STOP_TIMEOUT_S):
                         await client.disconnect()
+                    _stop_supervisor(home)
         finally:
             shutil.rmtree(home, ignore_errors=True)
 
