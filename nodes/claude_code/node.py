@@ -187,9 +187,9 @@ class _Execution:
                 (f" ({notes})" if notes else "")
             ctx.emit(AgentError(errorType="session_error", message=text))
             raise NodeFailure(text, "session_error") from None
-        return self._finish(stream, session_id)
+        return await self._finish(stream, session_id)
 
-    def _finish(self, stream: SessionStream, session_id: str) -> dict[str, Any]:
+    async def _finish(self, stream: SessionStream, session_id: str) -> dict[str, Any]:
         ctx = self.ctx
         result = stream.result
         if result is None:
@@ -216,7 +216,8 @@ class _Execution:
                                  totalCostUsd=round(stream.cost, 10),
                                  durationMs=int((time.monotonic() - self.began) * 1000),
                                  numTurns=int(result.get("num_turns") or 0))
-        ctx.emit(complete)
+        # Durable: a crash from here on finds the session finished, and does not run it again.
+        await ctx.emit_durable(complete)
         return self._output(complete, session_id, subtype)
 
     def _output(self, done: AgentComplete, session_id: str, subtype: str) -> dict[str, Any]:
