@@ -179,6 +179,7 @@ def _can_use_tool(permission: Permission, request: SessionRequest) -> Any:
         answer = await permission(tool_name, tool_input, str(getattr(context, "tool_use_id", "") or ""))
         if answer.get("allow"):
             return PermissionResultAllow()
-        return PermissionResultDeny(message=str(answer.get("reason") or "denied by a human"))
+        return PermissionResultDeny(message=str(answer.get("reason") or "denied by a human"),
+                                    interrupt=bool(answer.get("interrupt")))
 
     return decide

@@ -24,7 +24,8 @@ from typing import Any, Protocol
 
 SERVICE = "session_query"  # the key of ``RunServices.extra`` that overrides the choice
 
-# (tool name, tool input, tool use id) -> {"allow": bool, "reason"?: str}: a human's answer
+# (tool name, tool input, tool use id) -> {"allow": bool, "reason"?: str, "interrupt"?: bool}: whether the
+# session may make the call; ``interrupt`` ends the session's turn (the node waits for a human)
 Permission = Callable[[str, dict[str, Any], str], Awaitable[dict[str, Any]]]
 
 

@@ -21,13 +21,15 @@ from typing import Any
 
 from flowkernel.agents.session_store import RunSessionStore
 from flowkernel.agents.sessions import SERVICE, SessionQuery, SessionRequest
-from flowkernel.core.events import AgentComplete, AgentError, AgentStart, NodeStart, decode
+from flowkernel.core.events import AgentComplete, AgentError, AgentStart, NodeStart, NodeWaiting, decode
+from flowkernel.core.node import WaitFor
 from flowkernel.core.node_context import NodeContext
 from flowkernel.errors import InvalidInputError, NodeFailure, Problem
 from flowkernel.flowfiles.localfiles import resolve_inside
 from flowkernel.history.lineage import Lineage, find_lineage
 from flowkernel.nodes.claude.pricing import price_table
 from flowkernel.nodes.claude.transcript import Transcript
+from flowkernel.nodes.claude_code.approvals import REPLY_SCHEMA, Approvals
 from flowkernel.nodes.claude_code.config import (
     DEFAULT_RESUME_MESSAGE,
     EXTRA,
@@ -40,7 +42,7 @@ from flowkernel.nodes.claude_code.config import (
 from flowkernel.nodes.claude_code.stream import SessionStream
 
 WORKSPACES = "flowkernel-workspaces"
-_WANTED = (b'"node:start"', b'"agent:start"', b'"agent:complete"')
+_WANTED = (b'"node:start"', b'"agent:start"', b'"agent:complete"', b'"node:waiting"')
 
 
 class ClaudeCodeNode:
@@ -94,6 +96,8 @@ class _Execution:
         self.cfg = cfg
         self.began = time.monotonic()
         self.calls = 0
+        self.approvals = Approvals()
+        self.asked: Any = None  # the prompt of the node run this one continues, if it waited for a human
 
     def _cwd(self) -> Path:
         ctx, cfg = self.ctx, self.cfg
@@ -131,6 +135,8 @@ class _Execution:
                 self.calls += 1
             elif isinstance(ev, AgentComplete) and ev.runId in lineage.resumed[1:]:
                 finished = ev
+            elif isinstance(ev, NodeWaiting) and ev.runId == lineage.previous:
+                self.asked = ev.prompt
         return earlier, finished
 
     def _stored(self, session_id: str) -> bool:
@@ -159,7 +165,8 @@ class _Execution:
         cwd = self._cwd()
         resume = self._stored(session_id)
         inbox = ctx.inbox()
-        said = [_text(m.content) for m in inbox if m.kind in ("resume", "send")]
+        said = [self.approvals.answered(self.asked, m.content) or _text(m.content) if m.kind == "reply"
+                else _text(m.content) for m in inbox]
         if resume:
             prompt = "\n\n".join(t for t in said if t) or DEFAULT_RESUME_MESSAGE
         else:  # messages given before the session began go with the prompt
@@ -175,7 +182,7 @@ class _Execution:
         query = session_query_for(ctx)
         store = RunSessionStore(ctx.store, ctx.flow_run_id)  # type: ignore[arg-type]  # a Store: SessionRows
         try:
-            async with query.open(request, node_id=ctx.node_id, store=store, permission=None,
+            async with query.open(request, node_id=ctx.node_id, store=store, permission=self.approvals.decide,
                                   call=self.calls) as live:
                 async for message in live.messages():
                     stream.take(message)
@@ -187,6 +194,8 @@ class _Execution:
                 (f" ({notes})" if notes else "")
             ctx.emit(AgentError(errorType="session_error", message=text))
             raise NodeFailure(text, "session_error") from None
+        if self.approvals.waiting is not None:  # stopped to ask a human: the session resumes with the answer
+            return WaitFor(prompt=self.approvals.waiting, schema=REPLY_SCHEMA)
         return await self._finish(stream, session_id)
 
     async def _finish(self, stream: SessionStream, session_id: str) -> dict[str, Any]:
