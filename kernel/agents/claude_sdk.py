@@ -19,6 +19,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import warnings
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -112,7 +113,7 @@ class SdkSessionQuery:
     @asynccontextmanager
     async def open(self, request: SessionRequest, *, node_id: str, store: Any, permission: Permission | None,
                    call: int = 0) -> AsyncIterator[_Live]:
-        from claude_agent_sdk import ClaudeAgentOptions, ClaudeSDKClient
+        from claude_agent_sdk import CanUseToolShadowedWarning, ClaudeAgentOptions, ClaudeSDKClient
 
         home = Path(tempfile.mkdtemp(prefix="flowkernel-cc-"))
         stderr: list[str] = []
@@ -124,7 +125,10 @@ class SdkSessionQuery:
             client = ClaudeSDKClient(options)
             ended = False
             try:
-                await client.connect()
+                with warnings.catch_warnings():
+                    # Allowed tools are meant to pass without asking: the callback is for the others.
+                    warnings.simplefilter("ignore", CanUseToolShadowedWarning)
+                    await client.connect()
                 await client.query(request.prompt)
                 yield _Live(client, request.prompt)
                 ended = True
