@@ -17,12 +17,21 @@ or a test gives its own as ``services.extra["session_query"]``.
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 SERVICE = "session_query"  # the key of ``RunServices.extra`` that overrides the choice
+WORKSPACES = "flowkernel-workspaces"
+
+
+def run_workspace(flow_run_id: str) -> Path:
+    """The run's own workspace folder (the same path on every worker of a machine): where a
+    ``claude.code`` node without ``cwd`` works, and where a node may put a folder for one to work in."""
+    return Path(tempfile.gettempdir()) / WORKSPACES / flow_run_id
 
 # (tool name, tool input, tool use id) -> {"allow": bool, "reason"?: str, "interrupt"?: bool}: whether the
 # session may make the call; ``interrupt`` ends the session's turn (the node waits for a human)

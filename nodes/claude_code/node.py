@@ -14,18 +14,17 @@ One node run:
 
 from __future__ import annotations
 
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from flowkernel.agents.session_store import RunSessionStore
-from flowkernel.agents.sessions import SERVICE, SessionQuery, SessionRequest
+from flowkernel.agents.sessions import SERVICE, SessionQuery, SessionRequest, run_workspace
 from flowkernel.core.events import AgentComplete, AgentError, AgentStart, NodeStart, NodeWaiting, decode
 from flowkernel.core.node import WaitFor
 from flowkernel.core.node_context import NodeContext
 from flowkernel.errors import InvalidInputError, NodeFailure, Problem
-from flowkernel.flowfiles.localfiles import resolve_inside
+from flowkernel.flowfiles.localfiles import is_inside, resolve_inside
 from flowkernel.history.lineage import Lineage, find_lineage
 from flowkernel.nodes.claude.pricing import price_table
 from flowkernel.nodes.claude.transcript import Transcript
@@ -41,7 +40,6 @@ from flowkernel.nodes.claude_code.config import (
 )
 from flowkernel.nodes.claude_code.stream import SessionStream
 
-WORKSPACES = "flowkernel-workspaces"
 _WANTED = (b'"node:start"', b'"agent:start"', b'"agent:complete"', b'"node:waiting"')
 
 
@@ -84,10 +82,10 @@ def session_query_for(ctx: NodeContext) -> SessionQuery:
 
 
 def workspace(ctx: NodeContext) -> Path:
-    """The folder a node run works in when its input gives no ``cwd``: one per run, node and item, at the
-    same path on every worker of this machine's temporary folder (a session's store key is its folder)."""
+    """The folder a node run works in when its input gives no ``cwd``: one per run, node and item, in the
+    run's workspace (the same path on every worker: a session's store key is its folder)."""
     suffix = "" if ctx.item is None else f"_{ctx.item}"
-    return Path(tempfile.gettempdir()) / WORKSPACES / ctx.flow_run_id / f"{ctx.node_id}{suffix}"
+    return run_workspace(ctx.flow_run_id) / f"{ctx.node_id}{suffix}"
 
 
 class _Execution:
@@ -105,10 +103,15 @@ class _Execution:
             folder = workspace(ctx)
             folder.mkdir(parents=True, exist_ok=True)
             return folder
-        try:
-            folder = resolve_inside(ctx.flow.base_dir, cfg.cwd, f"node {ctx.node_id!r}: input.cwd")
-        except InvalidInputError as exc:
-            raise NodeFailure(str(exc), "invalid_input") from None
+        own = run_workspace(ctx.flow_run_id).resolve()
+        given = Path(cfg.cwd).expanduser()
+        if given.is_absolute() and is_inside(given.resolve(), [own]):
+            folder = given.resolve()  # the run's own workspace (a node before this one made the folder)
+        else:
+            try:
+                folder = resolve_inside(ctx.flow.base_dir, cfg.cwd, f"node {ctx.node_id!r}: input.cwd")
+            except InvalidInputError as exc:
+                raise NodeFailure(str(exc), "invalid_input") from None
         if not folder.is_dir():
             raise NodeFailure(f"node {ctx.node_id!r}: input.cwd {cfg.cwd!r}: {folder} is not a folder",
                               "invalid_input")
