@@ -18,8 +18,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+import anyio
 from flowkernel.agents.session_store import RunSessionStore
-from flowkernel.agents.sessions import SERVICE, SessionQuery, SessionRequest, run_workspace
+from flowkernel.agents.sessions import SERVICE, LiveSession, SessionQuery, SessionRequest, run_workspace
 from flowkernel.core.events import AgentComplete, AgentError, AgentStart, NodeStart, NodeWaiting, decode
 from flowkernel.core.node import WaitFor
 from flowkernel.core.node_context import NodeContext
@@ -40,6 +41,7 @@ from flowkernel.nodes.claude_code.config import (
 )
 from flowkernel.nodes.claude_code.stream import SessionStream
 
+SEND_POLL_S = 0.2  # how often a running session's inbox is looked at for sends
 _WANTED = (b'"node:start"', b'"agent:start"', b'"agent:complete"', b'"node:waiting"')
 
 
@@ -186,9 +188,11 @@ class _Execution:
         store = RunSessionStore(ctx.store, ctx.flow_run_id)  # type: ignore[arg-type]  # a Store: SessionRows
         try:
             async with query.open(request, node_id=ctx.node_id, store=store, permission=self.approvals.decide,
-                                  call=self.calls) as live:
+                                  call=self.calls) as live, anyio.create_task_group() as tg:
+                tg.start_soon(self._forward_sends, live, transcript)
                 async for message in live.messages():
                     stream.take(message)
+                tg.cancel_scope.cancel()
         except NodeFailure:
             raise
         except Exception as exc:
@@ -200,6 +204,22 @@ class _Execution:
         if self.approvals.waiting is not None:  # stopped to ask a human: the session resumes with the answer
             return WaitFor(prompt=self.approvals.waiting, schema=REPLY_SCHEMA)
         return await self._finish(stream, session_id)
+
+    async def _forward_sends(self, live: LiveSession, transcript: Transcript) -> None:
+        """Pass each ``send`` delivered to this node run to the live session, which takes it as a user
+        message at its next turn boundary; stored, then marked taken, so none is sent twice."""
+        ctx = self.ctx
+        while True:
+            await anyio.sleep(SEND_POLL_S)
+            inbox = ctx.inbox()
+            if not inbox:
+                continue
+            for m in inbox:
+                if m.kind == "send":
+                    text = _text(m.content)
+                    await live.send(text)
+                    transcript.add("user", text, transcript.steps)
+            await ctx.consume_inbox(len(inbox), step=transcript.steps)
 
     async def _finish(self, stream: SessionStream, session_id: str) -> dict[str, Any]:
         ctx = self.ctx
