@@ -79,3 +79,13 @@ async def test_a_cwd_outside_the_allowed_folders_fails_the_node_before_a_session
     inside = await kernel.run(kernel.compile(code_flow(prompt="Fix it", cwd=str(tmp_path / "allowed"))), {})
     assert inside.status == "completed", kernel.events(inside.runId)[-1]
     assert sessions.requests[0].options["cwd"] == str((tmp_path / "allowed").resolve())
+
+
+def test_every_claude_code_input_key_is_documented() -> None:
+    from flowkernel.nodes.claude_code.config import KEYS
+
+    text = (ROOT / "docs" / "node-types.md").read_text(encoding="utf-8")
+    section = text.split("\n## claude.code\n")[1].split("\n## ")[0]
+    for key in KEYS:
+        assert f"| `{key}` |" in section, f"claude.code input key {key} is not documented"
+    assert "pip install 'flowkernel[claude-code]'" in section
