@@ -89,3 +89,15 @@ def test_every_claude_code_input_key_is_documented() -> None:
     for key in KEYS:
         assert f"| `{key}` |" in section, f"claude.code input key {key} is not documented"
     assert "pip install 'flowkernel[claude-code]'" in section
+
+
+def test_a_run_without_credentials_or_fixtures_is_refused_before_anything_is_stored(tmp_path: Path) -> None:
+    flow = tmp_path / "flow.json"
+    flow.write_text(json.dumps(code_flow(prompt="Fix it")))
+    env = {k: v for k, v in _env().items() if not k.startswith("ANTHROPIC_")}
+    env["HOME"] = str(tmp_path)
+    done = subprocess.run([sys.executable, "-m", "flowkernel.cli", "run", str(flow), "--db", str(tmp_path / "r.db")],
+                          capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert "node 'code' calls the Anthropic Messages API and no credentials are set" in done.stderr
+    assert "nothing was run" in done.stderr and "Traceback" not in done.stderr

@@ -62,6 +62,15 @@ class ClaudeCodeNode:
             problems.append(Problem(path, f"claude.code needs the Claude Agent SDK, which is not installed: {EXTRA}"))
         check_input(raw_input, path, problems)
 
+    def unavailable(self, who: str, services: Any) -> str | None:
+        """Why ``who`` cannot run here: its sessions would call the API (no session query given, no
+        fixtures) and no credentials are set (a session's home is its own: no login of the user's)."""
+        if services.extra.get(SERVICE) is not None or services.fixtures is not None:
+            return None
+        from flowkernel.agents.credentials import missing_credentials
+
+        return missing_credentials(who)
+
     async def run(self, ctx: NodeContext) -> Any:
         cfg = parse_config(ctx.input, ctx.node_id)
         return await _Execution(ctx, cfg).run()
