@@ -44,7 +44,7 @@ def test_examples_are_listed_from_the_flow_files(env: dict[str, str], tmp_path: 
     assert done.returncode == 0, done.stderr
     listed = {e["name"]: e for e in map(json.loads, done.stdout.splitlines())}
     # every flow is an example except the child flow another example calls
-    assert set(listed) == {"approval", "fanout", "hello", "research", "review-loop", "subflow"}
+    assert set(listed) == {"approval", "fanout", "fix-test", "hello", "research", "review-loop", "subflow"}
     for name, entry in listed.items():
         document = json.loads((ROOT / "flows" / f"{name}.json").read_text(encoding="utf-8"))
         assert entry["description"] == document["description"]

@@ -77,7 +77,7 @@ def printed_schema(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 def test_the_printed_schema_has_one_branch_per_node_type_keyed_by_type(printed_schema: dict[str, Any]) -> None:
     node = printed_schema["$defs"]["Node"]
-    builtin = {"claude.agent", "flow.call", "human.input", "noop", "python", "state.set", "transform"}
+    builtin = {"claude.agent", "claude.code", "flow.call", "human.input", "noop", "python", "state.set", "transform"}
     assert set(node["properties"]["type"]["enum"]) == builtin
     keyed = {b["properties"]["type"]["const"]: b for b in node["oneOf"]}
     assert set(keyed) == builtin

@@ -34,6 +34,9 @@ class RunServices(msgspec.Struct, frozen=True, kw_only=True):
     query, else the Messages API. Typed loosely here: the core does not import agents/."""
 
     query_fn: Callable[..., Any] | None = None
+    # ``claude.code``: the session query for a flow's name when the run's sessions come from fixtures
+    # (filled by ``query_for`` beside ``query_fn``); None: the node's own default, the real SDK.
+    session_query: Callable[[str], Any] | None = None
     fixtures: str | None = None
     tracer_provider: Any = None
     prices: Mapping[str, Any] | None = None

@@ -24,7 +24,8 @@ FLOWS = "flowkernel.examples.flows"
 FIXTURES = "flowkernel.examples.fixtures"
 
 # The tools and functions an example needs, by flow name: the operator loads them with --plugin.
-PLUGINS: dict[str, tuple[str, ...]] = {"research": ("flowkernel.examples.research_tools",)}
+PLUGINS: dict[str, tuple[str, ...]] = {"research": ("flowkernel.examples.research_tools",),
+                                       "fix-test": ("flowkernel.examples.fix_test_tools",)}
 
 
 @dataclass(frozen=True, slots=True)

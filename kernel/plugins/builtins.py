@@ -11,8 +11,9 @@ BUILTIN_NODE_TYPES: dict[str, str] = {
     "human.input": "flowkernel.nodes.human:HumanInputNode",
     "flow.call": "flowkernel.nodes.flow_call:FlowCallNode",
     "claude.agent": "flowkernel.nodes.claude:ClaudeAgentNode",
+    "claude.code": "flowkernel.nodes.claude_code:ClaudeCodeNode",
 }
 # The built-in node types whose node runs are agent runs (their ``records_agent_runs``), said here too so
 # that a registry answers for a type it has not imported yet without importing it (tests/test_agent_runs.py
 # checks that each agrees with its node type).
-BUILTIN_AGENT_TYPES = frozenset({"claude.agent"})
+BUILTIN_AGENT_TYPES = frozenset({"claude.agent", "claude.code"})

@@ -56,7 +56,9 @@ async def record_flow(flow: CompiledFlow, input: Any, output: str | Path, *, que
         require_credentials("recording", fixtures=False)
         query = own = AnthropicQuery()
     recorder = RecordingQuery(query, on_call=on_call)
-    kernel = Kernel(MemoryStore(), registry=registry or default_registry(), services={"query_fn": recorder})
+    sessions = _session_recorder()  # claude.code nodes' sessions
+    kernel = Kernel(MemoryStore(), registry=registry or default_registry(),
+                    services={"query_fn": recorder, "session_query": sessions})
     try:
         snap = await kernel.run(flow, input, on_event=on_event)
         pending = list(replies)
@@ -66,9 +68,17 @@ async def record_flow(flow: CompiledFlow, input: Any, output: str | Path, *, que
             if answer is None:
                 break
             snap = await kernel.reply(snap.runId, waiting.runId, answer, on_event=on_event)
-        written = write_fixtures(recorder.files(), output, force=force) if recorder.calls else []
+        documents = {**recorder.files(), **sessions.files(flow.name)}
+        written = write_fixtures(documents, output, force=force) if documents else []
         return Recording(snapshot=snap, written=written, unused_replies=pending)
     finally:
         kernel.close()
         if own is not None:
             await own.aclose()
+
+
+def _session_recorder() -> Any:
+    from flowkernel.agents.claude_sdk import SdkSessionQuery
+    from flowkernel.fixtures.sessions import RecordingSessionQuery
+
+    return RecordingSessionQuery(SdkSessionQuery())

@@ -117,7 +117,9 @@ def query_for(run_id: str, services: RunServices, settings: RunSettings, mocks: 
     directory that is gone is refused here, before anything is recorded (a new run's gets MockQuery's
     own error: how to record one)."""
     if services.query_fn is not None:
-        return services
+        if services.fixtures is None or services.session_query is not None:
+            return services
+        return msgspec.structs.replace(services, session_query=_fixture_sessions(services.fixtures))
     if settings.fixtures is None:
         return msgspec.structs.replace(services, query_fn=default_query())
     if not new:
@@ -127,7 +129,15 @@ def query_for(run_id: str, services: RunServices, settings: RunSettings, mocks: 
         from flowkernel.fixtures.mock import MockQuery
 
         mock = mocks[settings.fixtures] = MockQuery(settings.fixtures)
-    return msgspec.structs.replace(services, fixtures=settings.fixtures, query_fn=mock)
+    return msgspec.structs.replace(services, fixtures=settings.fixtures, query_fn=mock,
+                                   session_query=_fixture_sessions(settings.fixtures))
+
+
+def _fixture_sessions(directory: str) -> Callable[[str], Any]:
+    """``claude.code`` sessions replayed from the fixtures in ``directory``, for a flow's name."""
+    from flowkernel.fixtures.sessions import FixtureSessionQuery
+
+    return lambda flow: FixtureSessionQuery(directory, flow)
 
 
 class RunSetup:
