@@ -21,6 +21,7 @@ import anyio.lowlevel
 import msgspec
 from anyio.abc import TaskGroup
 from flowkernel.core.budgets import has_budgets, over_budget, run_limit
+from flowkernel.core.causes import Causes
 from flowkernel.core.commands import Command, CommandOutcome, judge_command, refusal
 from flowkernel.core.compiler import CompiledFlow
 from flowkernel.core.events import (
@@ -175,9 +176,7 @@ class RunExecution:
         self._pause = False
         self._pause_event = anyio.Event()
         self._yielded = time.monotonic()
-        self._finished_at: dict[str, int] = {}  # node -> seq of its last finish (for ``cause``)
-        self._decided_at: dict[str, int] = {}  # edge -> seq of its last decision
-        self._reset_at: dict[str, int] = {}  # node -> seq of the loop:iterate that last reset it
+        self._causes = Causes(flow)  # what each decided event's ``cause`` is
         self.stop_reason: str | None = None
         self._tg: TaskGroup | None = None
         # While the first events are appended: the nodes they wake are looked for once, after all of them
@@ -582,6 +581,8 @@ class RunExecution:
         after = _AFTER_APPLY.get(type(event))
         if after is not None:
             after(self, event)
+        if type(event) in _CAUSING:
+            self._causes.applied(event)
         self._rows.append((event.seq, event.timestamp, body))
         self._applied.append(event)
         if type(event) not in _OBSERVABILITY:
@@ -623,27 +624,16 @@ class RunExecution:
         del snap.staged[event.runId or ""]  # owned: see __init__
         return replace(snap, state=view.patched)
 
-    # What the shell keeps track of besides the snapshot: node runs in flight, and the last event of
-    # each kind of decision (what ``cause`` points at).
+    # What the shell keeps track of besides the snapshot: node runs in flight.
 
     def _node_finished(self, ev: NodeComplete | NodeSkipped | NodeError | NodeWaiting) -> None:
         if isinstance(ev, NodeError) and ev.willRetry:
             return
         if not isinstance(ev, NodeSkipped):
             self._active.pop(self._active_key(ev), None)  # a skipped node never ran
-        if isinstance(ev, NodeWaiting):
-            return  # waits: it has not finished
-        if ev.item is None:
-            self._finished_at[ev.nodeId or ""] = ev.seq
-
-    def _edge_decided(self, ev: EdgeFire | EdgeSkip) -> None:
-        self._decided_at[ev.edgeId] = ev.seq
 
     def _loop_reset(self, ev: LoopIterate) -> None:
-        reset = self.flow.reset_sets[ev.edgeId]
-        self._cancel_nodes(reset)
-        for n in reset:
-            self._reset_at[n] = ev.seq
+        self._cancel_nodes(self.flow.reset_sets[ev.edgeId])
 
     def _room(self) -> int:
         """How many more node runs may start now; none while the run is handed over."""
@@ -683,7 +673,7 @@ class RunExecution:
             starts: list[NodeStart] = []
             for draft in decision.drafts:
                 if draft.cause is None:
-                    draft.cause = self._cause_of(draft)
+                    draft.cause = self._causes.cause_of(draft, self.snap.seq)
                 if isinstance(draft, NodeStart) and not draft.runId:
                     draft.runId = new_node_run_id()
                     starts.append(draft)
@@ -752,21 +742,6 @@ class RunExecution:
         finally:
             self._deciding = None
         return outcome[0] if outcome else None
-
-    def _cause_of(self, draft: BaseEvent) -> int:
-        """The event that made the rules decide ``draft``: an edge decision is caused by its source
-        finishing; a start or skip by the last decision on the node's incoming edges."""
-        edge = getattr(draft, "edgeId", None)
-        if edge is not None:
-            return self._finished_at.get(self.flow.edges[edge].source, self.snap.seq)
-        node = draft.nodeId
-        if node is not None and node in self.flow.nodes:
-            seqs = [self._decided_at[e] for e in self.flow.incoming[node] if e in self._decided_at]
-            if node in self._reset_at:
-                seqs.append(self._reset_at[node])
-            if getattr(draft, "item", None) is None and seqs:
-                return max(seqs)
-        return self.snap.seq
 
     def _inline(self, s: NodeStart) -> bool:
         """Node runs that complete synchronously (no timeout, no retry) run in the shell's own task."""
@@ -959,9 +934,9 @@ _PROGRESS = frozenset({EdgeFire, EdgeSkip, NodeStart, NodeComplete, NodeSkipped,
 _AFTER_APPLY: dict[type[BaseEvent], Callable[[RunExecution, Any], None]] = {
     NodeComplete: RunExecution._node_finished, NodeSkipped: RunExecution._node_finished,
     NodeError: RunExecution._node_finished, NodeWaiting: RunExecution._node_finished,
-    EdgeFire: RunExecution._edge_decided, EdgeSkip: RunExecution._edge_decided,
     LoopIterate: RunExecution._loop_reset,
 }
+_CAUSING = frozenset({NodeComplete, NodeSkipped, NodeError, EdgeFire, EdgeSkip, LoopIterate})  # what Causes follows
 
 
 # Events whose fields the kernel fills with strings and integers only, and the one field that carries
