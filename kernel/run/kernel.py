@@ -56,10 +56,10 @@ from flowkernel.errors import (
 )
 from flowkernel.flowfiles.load import load_flow
 from flowkernel.flowfiles.tree import first_unavailable
-from flowkernel.history.agent_runs import AgentRunBackfill, AgentRunFold
+from flowkernel.history.agent_runs import AgentRunBackfill
 from flowkernel.ids import new_run_id, now_ms
 from flowkernel.plugins.registry import Registry, default_registry
-from flowkernel.redaction import holds_secret, redact_bytes
+from flowkernel.run.append import append_now
 from flowkernel.run.children import KernelChildren
 from flowkernel.run.committer import Committer
 from flowkernel.run.gc_pause import collector_paused
@@ -1072,32 +1072,9 @@ class Kernel:
 
     def _append_now(self, snap: RunSnapshot, drafts: list[BaseEvent], lease: Lease, *,
                     release: bool = False) -> RunSnapshot:
-        from flowkernel.core.reducer import apply
-
         record = self.store.get_run(snap.runId)
-        flow = self.stored_flow(snap.flowHash, record)
-        agents = AgentRunFold.for_run(flow, snap, self.store, self.registry)
-        rows: list[EventRow] = []
-        for d in drafts:
-            d.seq = snap.seq + 1
-            d.timestamp = now_ms()
-            d.flowRunId = snap.runId
-            body = encode(d)
-            if holds_secret(body):
-                body = redact_bytes(body)
-            ev = decode(body)
-            if isinstance(ev, FlowUpdated):
-                flow = self.stored_flow(ev.toHash, record)
-                if agents is not None:
-                    agents.follow(flow)
-            if agents is not None:
-                agents.apply(snap, ev)
-            snap, _ = apply(flow, snap, ev)
-            rows.append((ev.seq, ev.timestamp, body))
-        skeleton, blobs = encode_checkpoint(snap)
-        self.store.commit(snap.runId, rows, snap.status, snap.seq, snap.error, skeleton, blobs, lease=lease,
-                          release=release, agent_runs=agents.changed() if agents is not None else ())
-        return snap
+        return append_now(self.store, snap, drafts, lease, flows=lambda h: self.stored_flow(h, record),
+                          agent_types=self.registry, release=release)
 
     async def _via_store(self, run_id: str, cmd: Command, timeout_s: float) -> CommandOutcome:
         """Queue the command for the process executing the run, and wait for its verdict."""

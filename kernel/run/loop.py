@@ -38,8 +38,6 @@ from flowkernel.core.events import (
     FlowComplete,
     FlowPaused,
     FlowResumed,
-    FlowWaiting,
-    LoopExhausted,
     LoopIterate,
     NodeComplete,
     NodeError,
@@ -47,33 +45,28 @@ from flowkernel.core.events import (
     NodeStart,
     NodeWaiting,
     StatePatch,
-    decode,
-    encoder,
 )
 from flowkernel.core.expression_scope import INLINE_ONLY, NeedsThread, Scope, limits_from_env, set_scope
 from flowkernel.core.expressions import is_constant
 from flowkernel.core.node import Interrupted, WaitFor
 from flowkernel.core.node_context import ChildRuns
-from flowkernel.core.nonfinite import check_encoded, refuse_non_finite
-from flowkernel.core.reducer import ALL, apply, own
+from flowkernel.core.reducer import ALL, own
 from flowkernel.core.scheduling import Decision, Progress, awake, decide
 from flowkernel.core.services import RunServices
 from flowkernel.core.snapshot import InboxMessage, RunSnapshot
 from flowkernel.errors import FlowkernelError, KernelFault, LeaseLostError, NodeFailure, StoreError
-from flowkernel.history.agent_runs import FOLDED, AgentRunFold
+from flowkernel.history.agent_runs import AgentRunFold
 from flowkernel.ids import new_node_run_id
 from flowkernel.plugins.registry import Registry
-from flowkernel.redaction import holds_secret, redact_bytes
+from flowkernel.run.append import Appender, View
 from flowkernel.run.committer import Committer
 from flowkernel.run.node_context import ShellNodeContext
 from flowkernel.run.offload import CANCELLED, call_off_loop
 from flowkernel.run.tuning import Tuning
-from flowkernel.store.base import CommitRequest, EventRow, Lease, RunTotals, Store
+from flowkernel.store.base import CommitRequest, Lease, RunTotals, Store
 from flowkernel.store.checkpoint import encode_checkpoint
 from flowkernel.store.fenced import fenced
-from flowkernel.store.packing import LEAF, PACKED_PREFIX, Packer
 from flowkernel.telemetry import traces as telemetry
-from msgspec.structs import replace
 
 # Called with each committed event. A listener with a ``batch(events)`` method gets the events of each
 # commit in one call instead (a view that writes to a stream flushes it once per commit, not per line).
@@ -113,15 +106,6 @@ class _Finished(msgspec.Struct):
     pause: FlowPaused | None = None  # it stopped of its own accord: the run pauses (node.Interrupted)
 
 
-class _View(msgspec.Struct):
-    """The state a node run sees after its patches (``patched``), computed from the run's ``base``."""
-
-    base: dict[str, Any]
-    patched: dict[str, Any]
-    count: int  # patches it has submitted
-    exact: bool  # every one was applied as submitted (no JSON normalisation changed it)
-
-
 class _Wake(msgspec.Struct):
     """Nothing to apply: makes the loop look at its state again."""
 
@@ -144,7 +128,9 @@ class RunExecution:
         self.flow = flow
         self.registry = registry
         self.store = store
-        self.snap = own(snapshot)  # applied in place from here on: nobody else holds its maps
+        # The run's snapshot and what was appended since the last commit. The run's agent runs still
+        # open are kept in the agent_runs table by each commit (flows with agents).
+        self.appender = Appender(flow, snapshot, agents=AgentRunFold.for_run(flow, snapshot, store, registry))
         self._services = services or RunServices()
         self._tuning = tuning or Tuning()
         self._children = children
@@ -152,8 +138,6 @@ class RunExecution:
         # What node runs and commands hand to the loop, in order; ``_wakeup`` is set while it waits.
         self._queue: deque[_Message] = deque()
         self._wakeup: anyio.Event | None = None
-        self._rows: list[EventRow] = []
-        self._applied: list[BaseEvent] = []
         self._waiters: list[_Durable] = []
         self._dirty: set[str] = set()
         # Ready nodes waiting for a free slot, lowest node index first (``decide`` is handed as many
@@ -166,7 +150,6 @@ class RunExecution:
         self._finished_commands: list[tuple[int, int]] = []
         self._bytes_since_checkpoint = 0
         self._checkpoint_size = checkpoint_size
-        self._packer = Packer()  # large payloads and checkpoints, packed in proportion to what changed
         # Shared by the runs a kernel executes at once: their commits share transactions.
         self._committer = committer or Committer(store)
         self._window = self._tuning.observability_commit_ms / 1000
@@ -182,7 +165,6 @@ class RunExecution:
         # While the first events are appended: the nodes they wake are looked for once, after all of them
         # (``awake`` goes over every node of the flow).
         self._awake_later = False
-        self._views: dict[str, _View] = {}  # node run id -> the state it sees (see submit_patch)
         self._inline_of: dict[str, bool] = {}  # node -> runs inline (for nodes whose input has no binding)
         # The lease this execution holds: every commit is checked against it (fencing), and the commit
         # that stops the run with no node run left ends it.
@@ -197,8 +179,6 @@ class RunExecution:
         self._lost: LeaseLostError | None = None  # set once another execution has taken the run over
         # Handing the run over (a worker shutting down): no node run starts; ``_draining`` is set then.
         self._draining = False
-        # The run's agent runs still open, kept in the agent_runs table by each commit (flows with agents).
-        self._agents = AgentRunFold.for_run(flow, self.snap, store, registry)
         self._limits = self._services.expression_limits or limits_from_env()
         self._deciding: tuple[Scope, anyio.Event] | None = None  # a decision computing in a worker thread
         # Budgets are checked after each model call and, when child runs count, after each node run.
@@ -206,6 +186,10 @@ class RunExecution:
         self._children_count = any(n.type == "flow.call" for n in flow.nodes.values())
 
     # -- what node contexts use -------------------------------------------------------------
+
+    @property
+    def snap(self) -> RunSnapshot:
+        return self.appender.snap
 
     @property
     def services(self) -> RunServices:
@@ -248,9 +232,9 @@ class RunExecution:
         """A state patch, and the state its node run sees after it (``patched``, computed from the run's
         state ``base``): if the node run finishes while the run's state is still ``base``, the shell
         takes that state instead of applying the staged patches again."""
-        run_id = draft.runId or ""
-        view = self._views.get(run_id)
-        self._views[run_id] = _View(base, patched, (view.count if view else 0) + 1, view is None or view.exact)
+        run_id, views = draft.runId or "", self.appender.views
+        view = views.get(run_id)
+        views[run_id] = View(base, patched, (view.count if view else 0) + 1, view is None or view.exact)
         self._put(draft)
 
     async def submit_durable(self, draft: BaseEvent) -> None:
@@ -358,7 +342,8 @@ class RunExecution:
         """Another execution took the run over (seen when renewing): stop at once, commit nothing more."""
         if self._lost is None:
             self._lost = error
-            self._rows, self._applied, self._finished_commands = [], [], []
+            self.appender.take()
+            self._finished_commands = []
             self._stop_all()
             if self._tg is not None:
                 self._tg.cancel_scope.cancel()
@@ -528,49 +513,10 @@ class RunExecution:
                 self._put(_CostCheck())
 
     def _append(self, draft: BaseEvent) -> BaseEvent:
-        """Stamp, normalise (JSON round trip), apply and buffer one event."""
-        snap = self.snap
-        draft.seq = snap.seq + 1
-        draft.timestamp = int(time.time() * 1000)  # ids.now_ms, inlined: this runs for every event
-        draft.flowRunId = snap.runId
-        field = _PAYLOAD_OF.get(type(draft))
-        large = field is not None and type(payload := getattr(draft, field)) in _WHOLE and _large(payload)
-        try:
-            if large:
-                self._packer.nulls = False
-                body, event = self._pack(draft, field)  # type: ignore[arg-type]
-                if self._packer.nulls or _NULL in body:
-                    refuse_non_finite(payload)
-            else:
-                body = _encode(draft)
-                if field is not None:
-                    check_encoded(getattr(draft, field), body)
-                if holds_secret(body):  # an error that echoed a request's headers, say: never stored
-                    body = redact_bytes(body)
-                    event = decode(body)
-                else:
-                    event = draft if _json_already(draft) else decode(body)
-        except (TypeError, ValueError, RecursionError, msgspec.EncodeError) as exc:
-            # Not JSON: a set, a key that is not a string, text with a lone surrogate (a ValueError),
-            # nesting deeper than the encoder goes (a RecursionError), a NaN or Infinity (which the
-            # encoder would write as null: a ValueError naming where it is).
-            if isinstance(draft, NodeComplete):
-                draft = NodeError(nodeId=draft.nodeId, runId=draft.runId, item=draft.item,
-                                  errorType="invalid_output", message=f"output is not JSON: {exc}",
-                                  attempt=snap.attempts.get(draft.nodeId or "", 1))
-                return self._append(draft)
-            raise
-        if self._agents is not None and type(event) in FOLDED:
-            self._agents.apply(snap, event)  # before the reducer, which changes ``snap`` in place
-        if self._views:
-            snap = self._landed(snap, draft, event)
-        try:
-            self.snap, touched = apply(self.flow, snap, event, owned=True)
-        except NodeFailure as exc:
-            if isinstance(event, StatePatch):
-                print(f"flowkernel: dropped state patch from {event.nodeId}: {exc}", file=sys.stderr)
-                return event
-            raise
+        """Append one event (``Appender.append``), then let the loop's own mechanisms follow it."""
+        event, touched, size = self.appender.append(draft)
+        if touched is None:
+            return event
         if touched:
             if touched is not ALL:
                 self._dirty |= touched
@@ -583,46 +529,10 @@ class RunExecution:
             after(self, event)
         if type(event) in _CAUSING:
             self._causes.applied(event)
-        self._rows.append((event.seq, event.timestamp, body))
-        self._applied.append(event)
         if type(event) not in _OBSERVABILITY:
             self._loud = True
-        self._bytes_since_checkpoint += len(body)
+        self._bytes_since_checkpoint += size
         return event
-
-    def _pack(self, draft: BaseEvent, field: str) -> tuple[bytes, BaseEvent]:
-        """The stored body of an event whose payload ``field`` is large: it refers to blobs, so a
-        transcript that grew by one message costs that message, not the transcript. And the event to
-        apply, whose payload is rebuilt from the packer's own objects (as a JSON round trip would give)."""
-        packer = self._packer
-        packed = packer.pack_inline(getattr(draft, field))
-        skeleton = _encode(replace(draft, **{field: packed}))
-        data = msgspec.json.decode(skeleton)
-        payload = data.pop(field, None)
-        event: BaseEvent = msgspec.convert(data, type(draft))  # its own type: converting to the union costs ~18 µs
-        value = packer.resolver().unpack(payload)
-        packer.remember(value, packed)
-        setattr(event, field, value)
-        return PACKED_PREFIX + skeleton[1:], event
-
-    def _landed(self, snap: RunSnapshot, draft: BaseEvent, event: BaseEvent) -> RunSnapshot:
-        """``snap`` with the staged patches of the node run that ``event`` finishes already in its
-        state, when the node computed that state itself (equal to what the reducer would make)."""
-        if isinstance(event, StatePatch):
-            view = self._views.get(event.runId or "")
-            if view is not None and event is not draft and event.value != getattr(draft, "value", None):
-                view.exact = False  # the JSON round trip changed the value: the node's view is not the log's
-            return snap
-        if not isinstance(event, NodeComplete | NodeWaiting | NodeError):
-            return snap
-        view = self._views.pop(event.runId or "", None)
-        if view is None or not view.exact or isinstance(event, NodeError) or view.base is not snap.state:
-            return snap
-        staged = snap.staged.get(event.runId or "")
-        if staged is None or len(staged) != view.count:
-            return snap
-        del snap.staged[event.runId or ""]  # owned: see __init__
-        return replace(snap, state=view.patched)
 
     # What the shell keeps track of besides the snapshot: node runs in flight.
 
@@ -771,7 +681,7 @@ class RunExecution:
     async def _commit(self, *, wait: bool = True) -> None:
         """Commit what was applied since the last commit, with the snapshot's status (and a checkpoint
         when one is due); with ``wait``, observability events alone may wait for their window."""
-        if not self._rows and not self._finished_commands:
+        if not self.appender.rows and not self._finished_commands:
             return
         now = time.monotonic()
         if wait and not self._loud and not self._waiters and not self._finished_commands \
@@ -787,19 +697,20 @@ class RunExecution:
                                                           CHECKPOINT_MIN_BYTES):
             # The packer knows every value and block packed before: a checkpoint costs its skeleton and
             # what is new, so they are spaced by that.
-            checkpoint, blobs = encode_checkpoint(self.snap, self._packer)
+            checkpoint, blobs = encode_checkpoint(self.snap, self.appender.packer)
             self._checkpoint_size = len(checkpoint) + sum(len(b) for b in blobs.values())
             self._bytes_since_checkpoint = 0
         else:
-            blobs = self._packer.take_blobs() if self._packer.blobs else None  # those of packed events
-        rows, applied, waiters = self._rows, self._applied, self._waiters
-        self._rows, self._applied, self._waiters = [], [], []
+            packer = self.appender.packer
+            blobs = packer.take_blobs() if packer.blobs else None  # those of packed events
+        (rows, applied), waiters = self.appender.take(), self._waiters
+        self._waiters = []
         # Nothing can follow a stop with no node run in flight: that commit ends the lease too.
         release = stopped and not self._active and self._lease is not None
         taken, self._finished_commands = self._finished_commands, []
         snap = self.snap
         totals = None if snap.usage is self._usage_stored else RunTotals(snap.usage, snap.totalCostUsd)
-        agent_runs = self._agents.changed() if self._agents is not None else ()
+        agent_runs = self.appender.agent_runs()
         self.lease_releasing = release
         try:
             await self._committer.commit(CommitRequest(
@@ -937,53 +848,6 @@ _AFTER_APPLY: dict[type[BaseEvent], Callable[[RunExecution, Any], None]] = {
     LoopIterate: RunExecution._loop_reset,
 }
 _CAUSING = frozenset({NodeComplete, NodeSkipped, NodeError, EdgeFire, EdgeSkip, LoopIterate})  # what Causes follows
-
-
-# Events whose fields the kernel fills with strings and integers only, and the one field that carries
-# a node's data in the others: when that is a str, int, bool or None, decoding the encoded event
-# would give back an equal event, so the draft itself is applied.
-_KERNEL_MADE = frozenset({EdgeSkip, NodeSkipped, LoopIterate, LoopExhausted, FlowComplete, FlowWaiting})
-_PAYLOAD = {StatePatch: "value", NodeComplete: "output", EdgeFire: "items"}
-_EXACT_JSON = frozenset({str, int, bool, type(None)})  # not float: NaN would come back as null
-
-
-def _json_already(draft: BaseEvent) -> bool:
-    cls = type(draft)
-    if cls in _KERNEL_MADE:
-        return True
-    field = _PAYLOAD.get(cls)
-    return field is not None and type(getattr(draft, field)) in _EXACT_JSON
-
-
-_encode = encoder.encode
-_NULL = b"null"  # in an encoded payload wherever a None was, or a NaN or Infinity (flowkernel.core.nonfinite)
-
-# The field of an event that carries a node's data, and when that data is large enough to pack: a long
-# list or a long string, at most three levels down (a transcript in an output, a history in the args of
-# an input), the values that come back event after event.
-_PAYLOAD_OF: dict[type[BaseEvent], str] = {
-    NodeStart: "input", NodeComplete: "output", StatePatch: "value", EdgeFire: "items", NodeWaiting: "prompt",
-}
-_WHOLE = frozenset({dict, list, tuple, str})
-_LONG_LIST = 2 * LEAF
-_LONG_STRING = 4096
-
-
-def _large(value: Any, depth: int = 0) -> bool:
-    t = type(value)
-    if t is str:
-        return len(value) >= _LONG_STRING
-    if t is dict:
-        values: Any = value.values()
-    elif len(value) > _LONG_LIST:
-        return True
-    else:
-        values = value
-    if depth < 2:
-        for v in values:
-            if type(v) in _WHOLE and _large(v, depth + 1):
-                return True
-    return False
 
 
 TRACEBACK_FRAMES = 30  # the innermost ones: where the code that failed was
