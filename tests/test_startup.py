@@ -160,7 +160,8 @@ def test_running_a_flow_builds_no_dataclass_of_the_run_shell(tmp_path: Path, cle
     assert done.returncode == 0, done.stderr
     made = done.stderr.rsplit("MADE=", 1)[-1].strip().split(",")
     # (flowkernel.core.node's stay dataclasses: `validate` of a flow known to be valid imports it, and not msgspec.)
-    shell = ("flowkernel.run.loop.", "flowkernel.core.scheduling.", "flowkernel.core.compiler.", "flowkernel.core.commands.",
+    shell = ("flowkernel.run.loop.", "flowkernel.run.append.", "flowkernel.run.commit_policy.",
+             "flowkernel.run.node_runs.", "flowkernel.core.causes.", "flowkernel.core.scheduling.", "flowkernel.core.compiler.", "flowkernel.core.commands.",
              "flowkernel.run.kernel.", "flowkernel.core.expression_scope.")
     assert [m for m in made if m.startswith(shell)] == []
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import heapq
-import sys
 import time
 from collections import deque
 from collections.abc import Callable, Coroutine
@@ -25,12 +24,6 @@ from flowkernel.core.causes import Causes
 from flowkernel.core.commands import Command, CommandOutcome, judge_command, refusal
 from flowkernel.core.compiler import CompiledFlow
 from flowkernel.core.events import (
-    AgentError,
-    AgentText,
-    AgentTextDelta,
-    AgentThinking,
-    AgentThinkingDelta,
-    AgentTool,
     AgentUsage,
     BaseEvent,
     EdgeFire,
@@ -47,51 +40,33 @@ from flowkernel.core.events import (
     StatePatch,
 )
 from flowkernel.core.expression_scope import INLINE_ONLY, NeedsThread, Scope, limits_from_env, set_scope
-from flowkernel.core.expressions import is_constant
-from flowkernel.core.node import Interrupted, WaitFor
 from flowkernel.core.node_context import ChildRuns
 from flowkernel.core.reducer import ALL, own
 from flowkernel.core.scheduling import Decision, Progress, awake, decide
 from flowkernel.core.services import RunServices
 from flowkernel.core.snapshot import InboxMessage, RunSnapshot
-from flowkernel.errors import FlowkernelError, KernelFault, LeaseLostError, NodeFailure, StoreError
+from flowkernel.errors import KernelFault, LeaseLostError, StoreError
 from flowkernel.history.agent_runs import AgentRunFold
 from flowkernel.ids import new_node_run_id
 from flowkernel.plugins.registry import Registry
 from flowkernel.run.append import Appender, View
+from flowkernel.run.commit_policy import CommitPolicy, Durable
+from flowkernel.run.commit_policy import EventListener as EventListener  # what the Kernel imports from here
 from flowkernel.run.committer import Committer
 from flowkernel.run.node_context import ShellNodeContext
+from flowkernel.run.node_runs import NodeRuns, first_error
 from flowkernel.run.offload import CANCELLED, call_off_loop
 from flowkernel.run.tuning import Tuning
-from flowkernel.store.base import CommitRequest, Lease, RunTotals, Store
-from flowkernel.store.checkpoint import encode_checkpoint
+from flowkernel.store.base import Lease, Store
 from flowkernel.store.fenced import fenced
 from flowkernel.telemetry import traces as telemetry
 
-# Called with each committed event. A listener with a ``batch(events)`` method gets the events of each
-# commit in one call instead (a view that writes to a stream flushes it once per commit, not per line).
-EventListener = Callable[[BaseEvent], None]
-
-CHECKPOINT_MIN_BYTES = 64 * 1024
-# A new checkpoint once the events since the last one weigh this many times its size: checkpoints
-# then cost at most half of what the events cost, and resume folds at most that much log.
-CHECKPOINT_SPACING = 2
 COMMAND_POLL_S = 0.05
-# Events that only show what a node is doing (a model's streamed text, its tool calls, what a call
-# cost) are committed at most once per ``Tuning.observability_commit_ms`` per run, with whatever follows
-# them; a transition (node, edge, loop, flow, command or state event) is committed at once, with every
-# event before it.
 YIELD_EVERY_S = 0.01
 
 
 # The loop's messages are msgspec structs: a dataclass costs each process that imports it half a
 # millisecond to build, a struct a twentieth of that.
-class _Durable(msgspec.Struct):
-    draft: BaseEvent
-    done: anyio.Event = msgspec.field(default_factory=anyio.Event)
-    error: BaseException | None = None
-
-
 class _Incoming(msgspec.Struct):
     command: Command
     command_id: int | None = None
@@ -114,7 +89,7 @@ class _CostCheck(msgspec.Struct):
     """Look at what the run's child runs have spent so far (``_watch_children``)."""
 
 
-_Message = BaseEvent | _Durable | _Incoming | _Finished | _Wake | _CostCheck
+_Message = BaseEvent | Durable | _Incoming | _Finished | _Wake | _CostCheck
 
 
 class RunExecution:
@@ -134,28 +109,21 @@ class RunExecution:
         self._services = services or RunServices()
         self._tuning = tuning or Tuning()
         self._children = children
-        self._listeners = listeners or []
         # What node runs and commands hand to the loop, in order; ``_wakeup`` is set while it waits.
         self._queue: deque[_Message] = deque()
         self._wakeup: anyio.Event | None = None
-        self._waiters: list[_Durable] = []
         self._dirty: set[str] = set()
         # Ready nodes waiting for a free slot, lowest node index first (``decide`` is handed as many
         # as there are slots, not all of them on every step), and the counts ``decide`` judges by.
         self._ready: list[tuple[int, str]] = []
         self._queued: set[str] = set()
         self._progress = Progress()
-        self._active: dict[tuple[str, int | None], anyio.CancelScope | None] = {}
-        self._to_launch: list[NodeStart] = []
-        self._finished_commands: list[tuple[int, int]] = []
-        self._bytes_since_checkpoint = 0
-        self._checkpoint_size = checkpoint_size
-        # Shared by the runs a kernel executes at once: their commits share transactions.
-        self._committer = committer or Committer(store)
-        self._window = self._tuning.observability_commit_ms / 1000
-        self._loud = False  # an event not in _OBSERVABILITY waits to be committed
-        self._last_commit = 0.0
-        self._flush_at: float | None = None  # when the observability events waiting are committed
+        self._nodes = NodeRuns(self, flow, registry)  # in flight, decided, and each one's attempts
+        # When appended events are committed and who is told. The committer is shared by the runs a
+        # kernel executes at once: their commits share transactions. Every commit is checked against
+        # the lease (fencing), and the commit that stops the run with no node run left ends it.
+        self._policy = CommitPolicy(committer or Committer(store), lease, self._tuning.observability_commit_ms / 1000,
+                                    checkpoint_size, listeners or [], self.snap.usage)
         self._pause = False
         self._pause_event = anyio.Event()
         self._yielded = time.monotonic()
@@ -165,17 +133,7 @@ class RunExecution:
         # While the first events are appended: the nodes they wake are looked for once, after all of them
         # (``awake`` goes over every node of the flow).
         self._awake_later = False
-        self._inline_of: dict[str, bool] = {}  # node -> runs inline (for nodes whose input has no binding)
-        # The lease this execution holds: every commit is checked against it (fencing), and the commit
-        # that stops the run with no node run left ends it.
-        self._lease = lease
         self.node_store = fenced(store, lease)
-        self.lease_released = False
-        # A commit that ends the lease is being made (in another thread, with other runs' commits): the
-        # lease may be gone from the store before ``lease_released`` is set.
-        self.lease_releasing = False
-        # The usage map the run row holds (the reducer replaces it on every agent:usage: an identity check).
-        self._usage_stored = self.snap.usage
         self._lost: LeaseLostError | None = None  # set once another execution has taken the run over
         # Handing the run over (a worker shutting down): no node run starts; ``_draining`` is set then.
         self._draining = False
@@ -190,6 +148,16 @@ class RunExecution:
     @property
     def snap(self) -> RunSnapshot:
         return self.appender.snap
+
+    @property
+    def lease_released(self) -> bool:
+        return self._policy.lease_released
+
+    @property
+    def lease_releasing(self) -> bool:
+        """A commit that ends the lease is being made (in another thread, with other runs' commits): the
+        lease may be gone from the store before ``lease_released`` is set."""
+        return self._policy.lease_releasing
 
     @property
     def services(self) -> RunServices:
@@ -217,6 +185,9 @@ class RunExecution:
         if type(msg) is _Incoming and msg.command.kind in ("pause", "abort"):
             self._abandon_decision()
 
+    def finished(self, node_id: str, item: int | None, pause: FlowPaused | None) -> None:
+        self._put(_Finished(node_id, item, pause))
+
     def _abandon_decision(self) -> None:
         """A decision computing off the loop must not hold a pause, abort or hand-over up: abandon it
         (see _decide_off_loop); it is made again afterwards if the run goes on."""
@@ -238,7 +209,7 @@ class RunExecution:
         self._put(draft)
 
     async def submit_durable(self, draft: BaseEvent) -> None:
-        req = _Durable(draft)
+        req = Durable(draft)
         self._put(req)
         await req.done.wait()
         if req.error is not None:
@@ -274,11 +245,11 @@ class RunExecution:
 
     async def _execute(self, first: list[BaseEvent],
                        background: list[Callable[[RunExecution], Coroutine[Any, Any, None]]] | None) -> RunSnapshot:
-        self._committer.executing += 1
+        self._policy.committer.executing += 1
         try:
             return await self._run(first, background)
         finally:
-            self._committer.executing -= 1
+            self._policy.committer.executing -= 1
 
     async def _run(self, first: list[BaseEvent],
                    background: list[Callable[[RunExecution], Coroutine[Any, Any, None]]] | None) -> RunSnapshot:
@@ -297,12 +268,12 @@ class RunExecution:
                     self._awake_later = False
                 self._dirty |= awake(self.flow, self.snap)
                 await self._step()
-                while (self.snap.status == "running" or self._active) and self._lost is None:
-                    if self._draining and not self._active:
+                while (self.snap.status == "running" or self._nodes.active) and self._lost is None:
+                    if self._draining and not self._nodes.active:
                         break  # handed over: the run stays running, for the next executor to continue
                     if self.snap.status != "running":
                         self._stop_tasks()
-                        if not self._active:
+                        if not self._nodes.active:
                             break
                     now = time.monotonic()
                     if now - self._yielded > YIELD_EVERY_S:
@@ -311,10 +282,10 @@ class RunExecution:
                         await anyio.lowlevel.checkpoint()
                     if not self._queue:
                         self._wakeup = anyio.Event()
-                        if self._flush_at is None:
+                        if self._policy.flush_at is None:
                             await self._wakeup.wait()
                         else:  # observability events are waiting: until they are due, at the latest
-                            with anyio.move_on_after(self._flush_at - time.monotonic()):
+                            with anyio.move_on_after(self._policy.flush_at - time.monotonic()):
                                 await self._wakeup.wait()
                         self._wakeup = None
                         self._yielded = time.monotonic()
@@ -333,7 +304,7 @@ class RunExecution:
         except BaseExceptionGroup as group:
             # The task group wraps whatever stopped it; callers (and the CLI's one-line errors) want
             # the error itself.
-            raise _first_error(group) from None
+            raise first_error(group) from None
         if self._lost is not None:
             raise self._lost
         return self.snap
@@ -343,7 +314,7 @@ class RunExecution:
         if self._lost is None:
             self._lost = error
             self.appender.take()
-            self._finished_commands = []
+            self._policy.forget()
             self._stop_all()
             if self._tg is not None:
                 self._tg.cancel_scope.cancel()
@@ -362,28 +333,21 @@ class RunExecution:
         if cooperative:
             self._pause = True
             self._pause_event.set()
-        for key, scope in list(self._active.items()):
-            if not (cooperative and scope is not None and self._cooperative(key[0])):
-                if scope is not None:
-                    scope.cancel()
-                self._active.pop(key, None)
+        self._nodes.stop(cooperative=cooperative)
         self._put(_Wake())
 
     def _stop_all(self) -> None:
-        for key, scope in list(self._active.items()):
-            if scope is not None:
-                scope.cancel()
-            self._active.pop(key, None)
+        self._nodes.stop(cooperative=False)
 
     def _handle(self, msg: _Message) -> None:
         if isinstance(msg, BaseEvent):
-            if msg.nodeId is not None and self._stale(msg):
+            if msg.nodeId is not None and self._nodes.stale(msg, self.snap):
                 return  # a node run that was cancelled (run stopped, loop reset): its late words change nothing
             self._append(msg)
             if self._budgets and (type(msg) is AgentUsage or (self._children_count and type(msg) in _NODE_ENDS)):
                 self._check_budget(msg.nodeId if type(msg) is AgentUsage else None)
-        elif isinstance(msg, _Durable):
-            if msg.draft.nodeId is not None and self._stale(msg.draft):
+        elif isinstance(msg, Durable):
+            if msg.draft.nodeId is not None and self._nodes.stale(msg.draft, self.snap):
                 msg.error = anyio.get_cancelled_exc_class()()
                 msg.done.set()
                 return
@@ -393,39 +357,17 @@ class RunExecution:
                 msg.error = exc
                 msg.done.set()
                 return
-            self._waiters.append(msg)
+            self._policy.waiters.append(msg)
         elif isinstance(msg, _Incoming):
             self._handle_command(msg)
         elif isinstance(msg, _CostCheck):
             self._check_budget(None)
         elif isinstance(msg, _Finished):
-            self._active.pop((msg.node_id, msg.item), None)
+            self._nodes.gone(msg.node_id, msg.item)
             if msg.pause is not None and self.snap.status == "running" and not self._draining:
                 msg.pause.cause = self.snap.seq
                 self._pause_now(msg.pause)
         # _Wake: nothing to apply; the loop looks at its state again
-
-    def _stale(self, ev: BaseEvent) -> bool:
-        """Whether a node's event comes from a node run that is no longer the live one."""
-        key = self._active_key(ev)
-        if key not in self._active:
-            return True
-        if isinstance(ev, NodeStart):
-            return False  # a retry announcing its new node run
-        n, item = key
-        if item is not None:
-            fe = self.snap.forEach.get(n)
-            return fe is None or fe.running.get(str(item)) != ev.runId
-        return self.snap.nodeRuns.get(n) != ev.runId
-
-    def _active_key(self, ev: BaseEvent) -> tuple[str, int | None]:
-        n, item = ev.nodeId or "", getattr(ev, "item", None)
-        if item is None and n in self.snap.forEach and ev.runId and not isinstance(ev, NodeStart):
-            # Agent and state events of a forEach item carry no ``item``: find it by the node run.
-            for key, run_id in self.snap.forEach[n].running.items():
-                if run_id == ev.runId:
-                    return (n, int(key))
-        return (n, item)
 
     def _takes_messages(self, node_id: str) -> bool:
         node = self.flow.nodes[node_id]
@@ -466,7 +408,7 @@ class RunExecution:
                 outcome.record.commandId = str(msg.command_id)
             received = self._append(outcome.record)
         if msg.command_id is not None:
-            self._finished_commands.append((msg.command_id, received.seq))
+            self._policy.taken.append((msg.command_id, received.seq))
         if outcome.accepted:
             if msg.command.kind == "pause":
                 self._pause_now(FlowPaused(reason=msg.command.reason or "pause requested", cause=received.seq))
@@ -524,30 +466,19 @@ class RunExecution:
                 self._dirty |= awake(self.flow, self.snap)
         if type(event) in _PROGRESS and (type(event) is not NodeStart or event.item is not None):
             self._progress.follow(self.flow, event)
-        after = _AFTER_APPLY.get(type(event))
-        if after is not None:
-            after(self, event)
+        cls = type(event)
+        if cls in _ENDS:
+            self._nodes.ended(event, self.snap)  # type: ignore[arg-type]
+        elif cls is LoopIterate:
+            self._nodes.cancel(self.flow.reset_sets[event.edgeId])  # type: ignore[attr-defined]
         if type(event) in _CAUSING:
             self._causes.applied(event)
-        if type(event) not in _OBSERVABILITY:
-            self._loud = True
-        self._bytes_since_checkpoint += size
+        self._policy.note(event, size)
         return event
-
-    # What the shell keeps track of besides the snapshot: node runs in flight.
-
-    def _node_finished(self, ev: NodeComplete | NodeSkipped | NodeError | NodeWaiting) -> None:
-        if isinstance(ev, NodeError) and ev.willRetry:
-            return
-        if not isinstance(ev, NodeSkipped):
-            self._active.pop(self._active_key(ev), None)  # a skipped node never ran
-
-    def _loop_reset(self, ev: LoopIterate) -> None:
-        self._cancel_nodes(self.flow.reset_sets[ev.edgeId])
 
     def _room(self) -> int:
         """How many more node runs may start now; none while the run is handed over."""
-        return 0 if self._draining else self.flow.max_concurrency - len(self._active)
+        return 0 if self._draining else self.flow.max_concurrency - len(self._nodes.active)
 
     async def _step(self) -> None:
         ready, queued, nodes = self._ready, self._queued, self.flow.nodes
@@ -566,7 +497,7 @@ class RunExecution:
                 await self._commit()
                 if self._lost is not None:
                     return
-                await self._launch()
+                await self._nodes.launch(self._tg)
                 decision = await self._decide_off_loop(candidates, running, finish)
                 if decision is None:
                     # A pause, abort or hand-over came in meanwhile: it goes first; these are decided again after.
@@ -587,32 +518,16 @@ class RunExecution:
                 if isinstance(draft, NodeStart) and not draft.runId:
                     draft.runId = new_node_run_id()
                     starts.append(draft)
-                    self._active[self._active_key(draft)] = None
+                    self._nodes.decided(draft, self.snap)
                 self._append(draft)
             for s in starts:  # a start followed by its own error (bad binding) or a forEach group: no task
-                if self._launchable(s):
-                    self._to_launch.append(s)
-                else:
-                    self._active.pop(self._active_key(s), None)
-            if not self._dirty and self._active and not (ready and self._room() > 0):
+                self._nodes.to_launch(s, self.snap)
+            if not self._dirty and self._nodes.active and not (ready and self._room() > 0):
                 break  # nothing to look at again, and the run cannot end with node runs in flight
         await self._commit()
         if self._lost is not None:
             return
-        await self._launch()
-
-    async def _launch(self) -> None:
-        """Start the node runs decided (and saved)."""
-        launch, self._to_launch = self._to_launch, []
-        if self.snap.status == "running" and self._tg is not None:
-            for s in launch:
-                if self._inline(s):
-                    # Finishes without awaiting anything: no task needed; its events arrive like any other's.
-                    await self._attempts(s)
-                    continue
-                scope = anyio.CancelScope()
-                self._active[self._active_key(s)] = scope
-                self._tg.start_soon(self._run_node, s, scope)
+        await self._nodes.launch(self._tg)
 
     def _decide(self, candidates: set[str], running: int, finish: bool) -> Decision | None:
         """What the scheduling rules decide now, or None if that needs an open expression (one that
@@ -653,102 +568,15 @@ class RunExecution:
             self._deciding = None
         return outcome[0] if outcome else None
 
-    def _inline(self, s: NodeStart) -> bool:
-        """Node runs that complete synchronously (no timeout, no retry) run in the shell's own task."""
-        n = s.nodeId or ""
-        known = self._inline_of.get(n)
-        if known is not None:
-            return known
-        node = self.flow.nodes[n]
-        if node.policy.timeoutMs or (node.policy.retry and node.policy.retry.maxAttempts > 1):
-            inline = False
-        else:
-            node_type = self.registry.node_types.get(node.type)
-            probe = getattr(node_type, "runs_inline", None)
-            inline = bool(probe(s.input, self.registry)) if probe is not None else False
-        if is_constant(node.input):  # the same input on every run of this node: the same answer
-            self._inline_of[n] = inline
-        return inline
-
-    def _launchable(self, s: NodeStart) -> bool:
-        n = s.nodeId or ""
-        if s.item is not None:
-            fe = self.snap.forEach.get(n)
-            return fe is not None and fe.running.get(str(s.item)) == s.runId
-        return self.snap.nodeStatus.get(n) == "running" and self.snap.nodeRuns.get(n) == s.runId \
-            and n not in self.snap.forEach
-
     async def _commit(self, *, wait: bool = True) -> None:
-        """Commit what was applied since the last commit, with the snapshot's status (and a checkpoint
-        when one is due); with ``wait``, observability events alone may wait for their window."""
-        if not self.appender.rows and not self._finished_commands:
-            return
-        now = time.monotonic()
-        if wait and not self._loud and not self._waiters and not self._finished_commands \
-                and self.snap.status == "running" and now - self._last_commit < self._window:
-            if self._flush_at is None:
-                self._flush_at = self._last_commit + self._window
-            return
-        self._loud, self._flush_at, self._last_commit = False, None, now
-        checkpoint = None
-        blobs: dict[str, bytes] | None
-        stopped = self.snap.status != "running"
-        if stopped or self._bytes_since_checkpoint >= max(CHECKPOINT_SPACING * self._checkpoint_size,
-                                                          CHECKPOINT_MIN_BYTES):
-            # The packer knows every value and block packed before: a checkpoint costs its skeleton and
-            # what is new, so they are spaced by that.
-            checkpoint, blobs = encode_checkpoint(self.snap, self.appender.packer)
-            self._checkpoint_size = len(checkpoint) + sum(len(b) for b in blobs.values())
-            self._bytes_since_checkpoint = 0
-        else:
-            packer = self.appender.packer
-            blobs = packer.take_blobs() if packer.blobs else None  # those of packed events
-        (rows, applied), waiters = self.appender.take(), self._waiters
-        self._waiters = []
-        # Nothing can follow a stop with no node run in flight: that commit ends the lease too.
-        release = stopped and not self._active and self._lease is not None
-        taken, self._finished_commands = self._finished_commands, []
-        snap = self.snap
-        totals = None if snap.usage is self._usage_stored else RunTotals(snap.usage, snap.totalCostUsd)
-        agent_runs = self.appender.agent_runs()
-        self.lease_releasing = release
+        """Commit what was appended since the last commit (``CommitPolicy.commit``)."""
         try:
-            await self._committer.commit(CommitRequest(
-                runId=snap.runId, events=rows, status=snap.status, seq=snap.seq, error=snap.error,
-                checkpoint=checkpoint, blobs=blobs or None, lease=self._lease, release=release, taken=taken,
-                totals=totals, agent_runs=agent_runs))
-            self._usage_stored = snap.usage
-            if release:
-                self.lease_released = True
+            await self._policy.commit(self.appender, active=bool(self._nodes.active), wait=wait)
         except LeaseLostError as exc:
-            # Another execution has the run now: this one stops where it is and writes nothing more.
-            for w in waiters:
-                w.error = exc
-                w.done.set()
-            self.lose_lease(exc)
-            return
-        except FlowkernelError as exc:
-            # Never run on with unsaved state: stop every node and surface the failure.
-            for w in waiters:
-                w.error = exc
-                w.done.set()
-            self._stop_tasks()
-            raise StoreError(f"run {self.snap.runId}: cannot save the snapshot, stopping: {exc}; nothing saved is "
-                             f"lost: `flowkernel resume {self.snap.runId}` continues the run from there") from exc
-        for w in waiters:
-            w.done.set()
-        for listener in list(self._listeners) if applied else ():
-            try:
-                batch = getattr(listener, "batch", None)
-                if batch is not None:
-                    batch(applied)
-                else:
-                    for ev in applied:
-                        listener(ev)
-            except Exception as exc:
-                # Watching a run must never break it: drop the listener and say so once.
-                self._listeners.remove(listener)
-                print(f"flowkernel: stopped showing events of run {self.snap.runId}: {exc!r}", file=sys.stderr)
+            self.lose_lease(exc)  # another execution has the run now: stop here, write nothing more
+        except StoreError:
+            self._stop_tasks()  # never run on with unsaved state: stop every node and surface the failure
+            raise
 
     async def _end_grace(self) -> None:
         """Cooperative nodes get a grace period to finish their step on pause; then they are cancelled."""
@@ -756,156 +584,14 @@ class RunExecution:
         self.stop_reason = "pause-timeout"
         self._put(_Wake())
 
-    def _cancel_nodes(self, nodes: tuple[str, ...]) -> None:
-        """A loop reset these nodes: node runs of theirs still in flight are cancelled."""
-        reset = set(nodes)
-        for key, scope in list(self._active.items()):
-            if key[0] in reset:
-                if scope is not None:
-                    scope.cancel()
-                del self._active[key]
-        # Decided in this same step but not launched yet: never launch them.
-        self._to_launch = [s for s in self._to_launch if s.nodeId not in reset]
-
     def _stop_tasks(self) -> None:
         """Cancel the node runs in flight; on pause, cooperative node types finish their step."""
         if self.stop_reason is None:
             self.stop_reason = "failed" if self.snap.status == "failed" else self.snap.status
-        for key, scope in list(self._active.items()):
-            if self.stop_reason == "pause" and scope is not None and self._cooperative(key[0]):
-                continue
-            if scope is not None:
-                scope.cancel()
-            self._active.pop(key, None)
-
-    def _cooperative(self, node_id: str) -> bool:
-        node_type = self.registry.node_types.get(self.flow.nodes[node_id].type)
-        return bool(getattr(node_type, "cooperative_pause", False))
-
-    # -- one node run -----------------------------------------------------------------------
-
-    async def _run_node(self, start: NodeStart, scope: anyio.CancelScope) -> None:
-        with scope:
-            await self._attempts(start)
-
-    async def _attempts(self, start: NodeStart) -> None:
-        node = self.flow.nodes[start.nodeId or ""]
-        node_type = self.registry.node_types[node.type]
-        policy = node.policy
-        max_attempts = policy.retry.maxAttempts if policy.retry else 1
-        backoff_ms = policy.retry.backoffMs if policy.retry else 0
-        attempt, run_id, start_seq = start.attempt, start.runId or "", start.seq
-        while True:
-            ctx = ShellNodeContext(self, node_id=node.id, run_id=run_id, flow_run_id=self.snap.runId, attempt=attempt,
-                              input=start.input, item=start.item, resumed_from=start.resumedFrom)
-            began = time.monotonic()
-            try:
-                with telemetry.node_span(node.id, node.type, run_id, attempt, start.item):
-                    if policy.timeoutMs:
-                        with anyio.fail_after(policy.timeoutMs / 1000):
-                            result = await node_type.run(ctx)
-                    else:
-                        result = await node_type.run(ctx)
-            except BaseException as exc:
-                if not _is_node_failure(exc):
-                    raise
-                error_type, message = _describe(exc, policy.timeoutMs)
-                will_retry = attempt < max_attempts and not self._pause
-                self.submit(NodeError(nodeId=node.id, runId=run_id, item=start.item, errorType=error_type,
-                                      message=message, attempt=attempt, willRetry=will_retry,
-                                      details=_traceback(exc, policy.timeoutMs)))
-                if not will_retry:
-                    return
-                await anyio.sleep(backoff_ms * (2 ** (attempt - 1)) / 1000)
-                attempt += 1
-                run_id = new_node_run_id()
-                again = NodeStart(nodeId=node.id, runId=run_id, attempt=attempt, input=start.input, item=start.item)
-                await self.submit_durable(again)
-                start_seq = again.seq
-                continue
-            duration = int((time.monotonic() - began) * 1000)
-            if isinstance(result, Interrupted):
-                self._put(_Finished(node.id, start.item, result.pause))
-            elif isinstance(result, WaitFor):
-                # ``cause``: the node:start of the run that now waits. It saw its inbox as of then, so
-                # only messages that came after wake it again (a node type that waits on, ignoring a
-                # message, must not be restarted for it forever).
-                self.submit(NodeWaiting(nodeId=node.id, runId=run_id, prompt=result.prompt, schema=result.schema,
-                                        cause=start_seq))
-            else:
-                self.submit(NodeComplete(nodeId=node.id, runId=run_id, item=start.item, output=result,
-                                         durationMs=duration))
-            return
+        self._nodes.stop(cooperative=self.stop_reason == "pause")
 
 
 _NODE_ENDS = frozenset({NodeComplete, NodeError})  # a child run may have spent: look at the run's budget
-_OBSERVABILITY = frozenset({AgentTextDelta, AgentThinkingDelta, AgentText, AgentThinking, AgentTool, AgentError,
-                            AgentUsage})
 _PROGRESS = frozenset({EdgeFire, EdgeSkip, NodeStart, NodeComplete, NodeSkipped, NodeError, LoopIterate, FlowResumed})
-_AFTER_APPLY: dict[type[BaseEvent], Callable[[RunExecution, Any], None]] = {
-    NodeComplete: RunExecution._node_finished, NodeSkipped: RunExecution._node_finished,
-    NodeError: RunExecution._node_finished, NodeWaiting: RunExecution._node_finished,
-    LoopIterate: RunExecution._loop_reset,
-}
+_ENDS = frozenset({NodeComplete, NodeSkipped, NodeError, NodeWaiting})  # a node run is no longer in flight
 _CAUSING = frozenset({NodeComplete, NodeSkipped, NodeError, EdgeFire, EdgeSkip, LoopIterate})  # what Causes follows
-
-
-TRACEBACK_FRAMES = 30  # the innermost ones: where the code that failed was
-TRACEBACK_CHARS = 16_000
-
-
-def _traceback(exc: BaseException, timeout_ms: int | None) -> Any:
-    """``{"traceback": ...}`` for an exception no node type raised on purpose (a bug in a function, a
-    tool, a plugin): the message alone rarely says where. Expected failures (NodeFailure, timeouts,
-    flowkernel's own errors) carry their meaning in the message, and a NodeFailure its own details
-    (a fixture mismatch: the differing paths)."""
-    if isinstance(exc, NodeFailure):
-        return exc.details
-    if isinstance(exc, FlowkernelError) or (isinstance(exc, TimeoutError) and timeout_ms):
-        return None
-    import traceback
-
-    text = "".join(traceback.format_exception(exc, limit=-TRACEBACK_FRAMES))
-    if len(text) > TRACEBACK_CHARS:
-        text = "…" + text[-(TRACEBACK_CHARS - 1):]
-    return {"traceback": text}
-
-
-def _is_node_failure(exc: BaseException) -> bool:
-    """Whether ``exc``, raised from a node run, is that node's failure. Cancellation (a timeout, a pause,
-    an abort), Ctrl-C and a coroutine being closed go on; anything else a node's code raises, SystemExit
-    and a bare BaseException included, must not end the process (and every other run it executes) with
-    the run left half-done."""
-    if isinstance(exc, Exception):
-        return True
-    if isinstance(exc, BaseExceptionGroup):
-        return all(_is_node_failure(e) for e in exc.exceptions)
-    return not isinstance(exc, (anyio.get_cancelled_exc_class(), KeyboardInterrupt, GeneratorExit))
-
-
-def _first_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
-    """The error to report from a task group's exception group: a flowkernel error if there is one
-    (it carries the message meant for the user), else the first one."""
-    leaves: list[BaseException] = []
-    pending: list[BaseException] = [group]
-    while pending:
-        exc = pending.pop(0)
-        if isinstance(exc, BaseExceptionGroup):
-            pending[:0] = list(exc.exceptions)
-        else:
-            leaves.append(exc)
-    return next((e for e in leaves if isinstance(e, FlowkernelError)), leaves[0])
-
-
-def _describe(exc: BaseException, timeout_ms: int | None) -> tuple[str, str]:
-    if isinstance(exc, BaseExceptionGroup):  # from a task group inside the node: say what failed in it
-        exc = _first_error(exc)
-    if isinstance(exc, TimeoutError) and timeout_ms:
-        return "timeout", f"timed out after {timeout_ms} ms"
-    if isinstance(exc, NodeFailure):
-        return exc.error_type, str(exc)
-    if isinstance(exc, FlowkernelError):
-        return type(exc).__name__, str(exc)
-    if not isinstance(exc, Exception):  # SystemExit, a bare BaseException: say what was raised
-        return type(exc).__name__, f"raised {type(exc).__name__}({exc})"
-    return type(exc).__name__, str(exc) or type(exc).__name__
