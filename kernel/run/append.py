@@ -7,7 +7,7 @@ holds the run, a flow switch before a resume, a failure to start, a hand-over).
 
 from __future__ import annotations
 
-import sys
+import logging
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -42,6 +42,8 @@ from flowkernel.store.base import EventRow, Lease, Store
 from flowkernel.store.checkpoint import encode_checkpoint
 from flowkernel.store.packing import LEAF, PACKED_PREFIX, Packer
 from msgspec.structs import replace
+
+log = logging.getLogger("flowkernel.run")
 
 # The nodes an applied event may have made ready: ``reducer.ALL`` for every node.
 Touched = frozenset[str]
@@ -85,9 +87,9 @@ class Appender:
         self.rows, self.applied = [], []
         return rows, applied
 
-    def append(self, draft: BaseEvent) -> tuple[BaseEvent, Touched | None, int]:
+    def append(self, draft: BaseEvent) -> tuple[BaseEvent, Touched, int]:
         """Stamp, normalise (JSON round trip), apply and buffer one event: the event applied, the nodes
-        it touched (None: a state patch that could not apply was dropped) and its stored size."""
+        it touched and its stored size. A state patch that cannot apply is recorded ``rejected``."""
         snap = self.snap
         draft.seq = snap.seq + 1
         draft.timestamp = int(time.time() * 1000)  # ids.now_ms, inlined: this runs for every event
@@ -130,10 +132,15 @@ class Appender:
         try:
             self.snap, touched = apply(self.flow, snap, event, owned=True)
         except NodeFailure as exc:
-            if isinstance(event, StatePatch):
-                print(f"flowkernel: dropped state patch from {event.nodeId}: {exc}", file=sys.stderr)
-                return event, None, 0
-            raise
+            if type(event) is not StatePatch:
+                raise
+            # Checked by the node against the state it saw, the patch cannot apply to the state as it is
+            # now: it is recorded rejected, as a no-op, so the log says what happened and replays it.
+            log.warning("run %s: rejected a state patch from node %s (seq %d): %s", snap.runId, event.nodeId,
+                        event.seq, exc)
+            event = replace(event, rejected=str(exc))
+            body = _encode(event)
+            self.snap, touched = apply(self.flow, snap, event, owned=True)
         self.rows.append((event.seq, event.timestamp, body))
         self.applied.append(event)
         return event, touched, len(body)

@@ -457,8 +457,6 @@ class RunExecution:
     def _append(self, draft: BaseEvent) -> BaseEvent:
         """Append one event (``Appender.append``), then let the loop's own mechanisms follow it."""
         event, touched, size = self.appender.append(draft)
-        if touched is None:
-            return event
         if touched:
             if touched is not ALL:
                 self._dirty |= touched
