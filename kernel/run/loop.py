@@ -4,12 +4,17 @@ One ``RunExecution`` per executing run, owning a task group; every node run is a
 The loop is: receive what nodes and commands send → stamp and apply each event → ask the
 scheduling rules what follows → commit events and snapshot in one transaction → only then start
 the node runs that were decided. Transitions that arrive together are committed together.
+
+The loop holds the run's collaborators and calls them in that order: ``Appender`` (run/append.py:
+stamp, encode, apply), ``Decisions`` (run/decisions.py: what the rules are asked next), ``NodeRuns``
+(run/node_runs.py: in flight, attempts, retries, timeouts), ``Causes`` (core/causes.py: each decided
+event's ``cause``), ``CommitPolicy`` (run/commit_policy.py: when to commit, checkpoints, listeners)
+and ``BudgetWatch`` (run/budget_watch.py); messages other than events are in run/mailbox.py.
 """
 
 from __future__ import annotations
 
 import functools
-import heapq
 import time
 from collections import deque
 from collections.abc import Callable, Coroutine
@@ -17,9 +22,7 @@ from typing import Any
 
 import anyio
 import anyio.lowlevel
-import msgspec
 from anyio.abc import TaskGroup
-from flowkernel.core.budgets import has_budgets, over_budget, run_limit
 from flowkernel.core.causes import Causes
 from flowkernel.core.commands import Command, CommandOutcome, judge_command, refusal
 from flowkernel.core.compiler import CompiledFlow
@@ -30,7 +33,6 @@ from flowkernel.core.events import (
     EdgeSkip,
     FlowComplete,
     FlowPaused,
-    FlowResumed,
     LoopIterate,
     NodeComplete,
     NodeError,
@@ -39,10 +41,8 @@ from flowkernel.core.events import (
     NodeWaiting,
     StatePatch,
 )
-from flowkernel.core.expression_scope import INLINE_ONLY, NeedsThread, Scope, limits_from_env, set_scope
+from flowkernel.core.expression_scope import Scope, limits_from_env
 from flowkernel.core.node_context import ChildRuns
-from flowkernel.core.reducer import ALL, own
-from flowkernel.core.scheduling import Decision, Progress, awake, decide
 from flowkernel.core.services import RunServices
 from flowkernel.core.snapshot import InboxMessage, RunSnapshot
 from flowkernel.errors import KernelFault, LeaseLostError, StoreError
@@ -50,9 +50,12 @@ from flowkernel.history.agent_runs import AgentRunFold
 from flowkernel.ids import new_node_run_id
 from flowkernel.plugins.registry import Registry
 from flowkernel.run.append import Appender, View
+from flowkernel.run.budget_watch import BudgetWatch
 from flowkernel.run.commit_policy import CommitPolicy, Durable
 from flowkernel.run.commit_policy import EventListener as EventListener  # what the Kernel imports from here
 from flowkernel.run.committer import Committer
+from flowkernel.run.decisions import Decisions
+from flowkernel.run.mailbox import CostCheck, Finished, Incoming, Message, Wake
 from flowkernel.run.node_context import ShellNodeContext
 from flowkernel.run.node_runs import NodeRuns, first_error
 from flowkernel.run.offload import CANCELLED, call_off_loop
@@ -63,33 +66,6 @@ from flowkernel.telemetry import traces as telemetry
 
 COMMAND_POLL_S = 0.05
 YIELD_EVERY_S = 0.01
-
-
-# The loop's messages are msgspec structs: a dataclass costs each process that imports it half a
-# millisecond to build, a struct a twentieth of that.
-class _Incoming(msgspec.Struct):
-    command: Command
-    command_id: int | None = None
-    reply: Callable[[CommandOutcome], None] | None = None
-
-
-class _Finished(msgspec.Struct):
-    """A node run ended without an event (interrupted at a step boundary by a pause)."""
-
-    node_id: str
-    item: int | None
-    pause: FlowPaused | None = None  # it stopped of its own accord: the run pauses (node.Interrupted)
-
-
-class _Wake(msgspec.Struct):
-    """Nothing to apply: makes the loop look at its state again."""
-
-
-class _CostCheck(msgspec.Struct):
-    """Look at what the run's child runs have spent so far (``_watch_children``)."""
-
-
-_Message = BaseEvent | Durable | _Incoming | _Finished | _Wake | _CostCheck
 
 
 class RunExecution:
@@ -110,14 +86,8 @@ class RunExecution:
         self._tuning = tuning or Tuning()
         self._children = children
         # What node runs and commands hand to the loop, in order; ``_wakeup`` is set while it waits.
-        self._queue: deque[_Message] = deque()
+        self._queue: deque[Message] = deque()
         self._wakeup: anyio.Event | None = None
-        self._dirty: set[str] = set()
-        # Ready nodes waiting for a free slot, lowest node index first (``decide`` is handed as many
-        # as there are slots, not all of them on every step), and the counts ``decide`` judges by.
-        self._ready: list[tuple[int, str]] = []
-        self._queued: set[str] = set()
-        self._progress = Progress()
         self._nodes = NodeRuns(self, flow, registry)  # in flight, decided, and each one's attempts
         # When appended events are committed and who is told. The committer is shared by the runs a
         # kernel executes at once: their commits share transactions. Every commit is checked against
@@ -130,18 +100,13 @@ class RunExecution:
         self._causes = Causes(flow)  # what each decided event's ``cause`` is
         self.stop_reason: str | None = None
         self._tg: TaskGroup | None = None
-        # While the first events are appended: the nodes they wake are looked for once, after all of them
-        # (``awake`` goes over every node of the flow).
-        self._awake_later = False
         self.node_store = fenced(store, lease)
         self._lost: LeaseLostError | None = None  # set once another execution has taken the run over
         # Handing the run over (a worker shutting down): no node run starts; ``_draining`` is set then.
         self._draining = False
         self._limits = self._services.expression_limits or limits_from_env()
-        self._deciding: tuple[Scope, anyio.Event] | None = None  # a decision computing in a worker thread
-        # Budgets are checked after each model call and, when child runs count, after each node run.
-        self._budgets = has_budgets(flow)
-        self._children_count = any(n.type == "flow.call" for n in flow.nodes.values())
+        self._decisions = Decisions(flow, self._limits)  # what the scheduling rules are asked next
+        self._budget = BudgetWatch(flow, store, self._tuning.budget_poll_s)
 
     # -- what node contexts use -------------------------------------------------------------
 
@@ -178,23 +143,15 @@ class RunExecution:
     def current_inbox(self, run_id: str) -> list[InboxMessage]:
         return self.snap.inbox.get(run_id, [])
 
-    def _put(self, msg: _Message) -> None:
+    def _put(self, msg: Message) -> None:
         self._queue.append(msg)
         if self._wakeup is not None:
             self._wakeup.set()
-        if type(msg) is _Incoming and msg.command.kind in ("pause", "abort"):
-            self._abandon_decision()
+        if type(msg) is Incoming and msg.command.kind in ("pause", "abort"):
+            self._decisions.abandon()
 
     def finished(self, node_id: str, item: int | None, pause: FlowPaused | None) -> None:
-        self._put(_Finished(node_id, item, pause))
-
-    def _abandon_decision(self) -> None:
-        """A decision computing off the loop must not hold a pause, abort or hand-over up: abandon it
-        (see _decide_off_loop); it is made again afterwards if the run goes on."""
-        if self._deciding is not None:
-            scope, ready = self._deciding
-            scope.cancel()
-            ready.set()
+        self._put(Finished(node_id, item, pause))
 
     def submit(self, draft: BaseEvent) -> None:
         self._put(draft)
@@ -224,7 +181,7 @@ class RunExecution:
     def deliver(self, command: Command, command_id: int | None = None,
                 reply: Callable[[CommandOutcome], None] | None = None) -> None:
         """Hand a command to this execution (from this process or the store's command queue)."""
-        self._put(_Incoming(command, command_id, reply))
+        self._put(Incoming(command, command_id, reply))
 
     # -- the loop ---------------------------------------------------------------------------
 
@@ -258,15 +215,16 @@ class RunExecution:
                 self._tg = tg
                 for task in background or []:
                     tg.start_soon(task, self)
-                if self._children_count and run_limit(self.flow, self.snap) is not None:
-                    tg.start_soon(self._watch_children)
-                self._awake_later = True
+                if self._budget.watches_children(self.snap):
+                    tg.start_soon(self._budget.watch_children, self.current_snapshot, functools.partial(
+                        self._put, CostCheck()))
+                self._decisions.awake_later = True
                 try:
                     for draft in first:
                         self._append(draft)
                 finally:
-                    self._awake_later = False
-                self._dirty |= awake(self.flow, self.snap)
+                    self._decisions.awake_later = False
+                self._decisions.wake(self.snap)
                 await self._step()
                 while (self.snap.status == "running" or self._nodes.active) and self._lost is None:
                     if self._draining and not self._nodes.active:
@@ -292,7 +250,7 @@ class RunExecution:
                     batch = list(self._queue)
                     self._queue.clear()
                     for m in batch:
-                        if isinstance(m, _Incoming) and self._judged_in_thread(m.command):
+                        if isinstance(m, Incoming) and self._judged_in_thread(m.command):
                             await self._judge_off_loop(m)
                         else:
                             self._handle(m)
@@ -323,8 +281,8 @@ class RunExecution:
         """Stop starting node runs; the execution ends when those in flight have finished (or been
         stopped with ``stop_node_runs``), leaving the run ``running`` for another executor."""
         self._draining = True
-        self._abandon_decision()
-        self._put(_Wake())
+        self._decisions.abandon()
+        self._put(Wake())
 
     def stop_node_runs(self, *, cooperative: bool) -> None:
         """While handing over: cancel the node runs in flight, except, with ``cooperative``, those of
@@ -334,17 +292,17 @@ class RunExecution:
             self._pause = True
             self._pause_event.set()
         self._nodes.stop(cooperative=cooperative)
-        self._put(_Wake())
+        self._put(Wake())
 
     def _stop_all(self) -> None:
         self._nodes.stop(cooperative=False)
 
-    def _handle(self, msg: _Message) -> None:
+    def _handle(self, msg: Message) -> None:
         if isinstance(msg, BaseEvent):
             if msg.nodeId is not None and self._nodes.stale(msg, self.snap):
                 return  # a node run that was cancelled (run stopped, loop reset): its late words change nothing
             self._append(msg)
-            if self._budgets and (type(msg) is AgentUsage or (self._children_count and type(msg) in _NODE_ENDS)):
+            if self._budget.concerns(msg):
                 self._check_budget(msg.nodeId if type(msg) is AgentUsage else None)
         elif isinstance(msg, Durable):
             if msg.draft.nodeId is not None and self._nodes.stale(msg.draft, self.snap):
@@ -358,16 +316,16 @@ class RunExecution:
                 msg.done.set()
                 return
             self._policy.waiters.append(msg)
-        elif isinstance(msg, _Incoming):
+        elif isinstance(msg, Incoming):
             self._handle_command(msg)
-        elif isinstance(msg, _CostCheck):
+        elif isinstance(msg, CostCheck):
             self._check_budget(None)
-        elif isinstance(msg, _Finished):
+        elif isinstance(msg, Finished):
             self._nodes.gone(msg.node_id, msg.item)
             if msg.pause is not None and self.snap.status == "running" and not self._draining:
                 msg.pause.cause = self.snap.seq
                 self._pause_now(msg.pause)
-        # _Wake: nothing to apply; the loop looks at its state again
+        # Wake: nothing to apply; the loop looks at its state again
 
     def _takes_messages(self, node_id: str) -> bool:
         node = self.flow.nodes[node_id]
@@ -378,7 +336,7 @@ class RunExecution:
         take up to the expression time limit, which the event loop must not wait out."""
         return cmd.kind in ("reply", "send") and any(w.schema is not None for w in self.snap.waiting.values())
 
-    async def _judge_off_loop(self, msg: _Incoming) -> None:
+    async def _judge_off_loop(self, msg: Incoming) -> None:
         # Nothing else is applied meanwhile: the judge sees the snapshot the command is handled on.
         judge = functools.partial(judge_command, self.flow, self.snap, msg.command, executing=True,
                                   takes_messages=self._takes_messages)
@@ -390,7 +348,7 @@ class RunExecution:
             judged = exc
         self._handle_command(msg, judged)
 
-    def _handle_command(self, msg: _Incoming, judged: CommandOutcome | Exception | None = None) -> None:
+    def _handle_command(self, msg: Incoming, judged: CommandOutcome | Exception | None = None) -> None:
         try:
             if isinstance(judged, Exception):
                 raise judged
@@ -429,47 +387,24 @@ class RunExecution:
         self._append(paused)
 
     def _check_budget(self, node_id: str | None) -> None:
-        """Pause when what was spent reached a limit (flowkernel.core.budgets): after a model call of
-        ``node_id``, or after a node run finished (a child run may have spent)."""
+        """Pause when what was spent reached a limit (``BudgetWatch.over``)."""
         if self.snap.status != "running":
             return
-        below = 0.0
-        if self._children_count and run_limit(self.flow, self.snap) is not None:
-            totals = self.store.descendant_totals([self.snap.runId]).get(self.snap.runId)
-            below = totals.totalCostUsd if totals is not None else 0.0
-        paused = over_budget(self.flow, self.snap, node_id=node_id, below=below)
+        paused = self._budget.over(self.snap, node_id)
         if paused is not None:
             paused.cause = self.snap.seq
             self._pause_now(paused)
 
-    async def _watch_children(self) -> None:
-        """While a child run executes, its model calls are in its own log: look at what the run's
-        children have spent every ``budget_poll_s`` (default 1 s), so that the run pauses (and its
-        children with it, at their next turn boundary) soon after they spend its budget, not only
-        when a child finishes."""
-        interval = self._tuning.budget_poll_s
-        calls = {n for n, node in self.flow.nodes.items() if node.type == "flow.call"}
-        while True:
-            await anyio.sleep(interval)
-            if self.snap.status == "running" and any(self.snap.nodeStatus.get(n) == "running" for n in calls):
-                self._put(_CostCheck())
-
     def _append(self, draft: BaseEvent) -> BaseEvent:
         """Append one event (``Appender.append``), then let the loop's own mechanisms follow it."""
         event, touched, size = self.appender.append(draft)
-        if touched:
-            if touched is not ALL:
-                self._dirty |= touched
-            elif not self._awake_later:
-                self._dirty |= awake(self.flow, self.snap)
-        if type(event) in _PROGRESS and (type(event) is not NodeStart or event.item is not None):
-            self._progress.follow(self.flow, event)
+        self._decisions.follow(event, touched, self.snap)
         cls = type(event)
         if cls in _ENDS:
             self._nodes.ended(event, self.snap)  # type: ignore[arg-type]
         elif cls is LoopIterate:
             self._nodes.cancel(self.flow.reset_sets[event.edgeId])  # type: ignore[attr-defined]
-        if type(event) in _CAUSING:
+        if cls in _CAUSING:
             self._causes.applied(event)
         self._policy.note(event, size)
         return event
@@ -479,34 +414,26 @@ class RunExecution:
         return 0 if self._draining else self.flow.max_concurrency - len(self._nodes.active)
 
     async def _step(self) -> None:
-        ready, queued, nodes = self._ready, self._queued, self.flow.nodes
+        decisions, nodes = self._decisions, self._nodes
         while self.snap.status == "running":
-            candidates = self._dirty
             room = self._room()
-            for _ in range(min(room, len(ready))):
-                n = heapq.heappop(ready)[1]
-                queued.discard(n)
-                candidates.add(n)
-            running, finish = self.flow.max_concurrency - room, not ready
-            self._dirty = set()
-            decision = self._decide(candidates, running, finish)
+            candidates = decisions.candidates(room)
+            running, finish = self.flow.max_concurrency - room, not decisions.waiting
+            decision = decisions.decide(self.snap, candidates, running, finish)
             if decision is None:
                 # What is decided so far is saved, shown and started before an open expression computes.
                 await self._commit()
                 if self._lost is not None:
                     return
-                await self._nodes.launch(self._tg)
-                decision = await self._decide_off_loop(candidates, running, finish)
+                await nodes.launch(self._tg)
+                decision = await decisions.decide_off_loop(self._tg, self.snap, candidates, running, finish)
                 if decision is None:
                     # A pause, abort or hand-over came in meanwhile: it goes first; these are decided again after.
-                    self._dirty |= candidates
+                    decisions.dirty |= candidates
                     break
-            for n in decision.deferred:
-                if n not in queued:
-                    queued.add(n)
-                    heapq.heappush(ready, (nodes[n].index, n))
+            decisions.defer(decision.deferred)
             if not decision.drafts:
-                if ready and self._room() > 0:
+                if decisions.waiting and self._room() > 0:
                     continue  # those handed over could not start: hand over the next ones
                 break
             starts: list[NodeStart] = []
@@ -516,55 +443,16 @@ class RunExecution:
                 if isinstance(draft, NodeStart) and not draft.runId:
                     draft.runId = new_node_run_id()
                     starts.append(draft)
-                    self._nodes.decided(draft, self.snap)
+                    nodes.decided(draft, self.snap)
                 self._append(draft)
             for s in starts:  # a start followed by its own error (bad binding) or a forEach group: no task
-                self._nodes.to_launch(s, self.snap)
-            if not self._dirty and self._nodes.active and not (ready and self._room() > 0):
+                nodes.to_launch(s, self.snap)
+            if not decisions.dirty and nodes.active and not (decisions.waiting and self._room() > 0):
                 break  # nothing to look at again, and the run cannot end with node runs in flight
         await self._commit()
         if self._lost is not None:
             return
-        await self._nodes.launch(self._tg)
-
-    def _decide(self, candidates: set[str], running: int, finish: bool) -> Decision | None:
-        """What the scheduling rules decide now, or None if that needs an open expression (one that
-        is not bounded by construction): those are not evaluated on the event loop."""
-        previous = set_scope(INLINE_ONLY)
-        try:
-            return decide(self.flow, self.snap, candidates, running, finish, self._progress)
-        except NeedsThread:
-            return None
-        finally:
-            set_scope(previous)
-
-    async def _decide_off_loop(self, candidates: set[str], running: int, finish: bool) -> Decision | None:
-        """The same pure decision, made in a worker thread on a copy of the snapshot, under the run's
-        expression limits, while the loop goes on receiving node events and commands. A pause or abort
-        abandons it (None): its thread stops at the evaluation's next step, and the run's task group
-        waits for it. A limit that fires is part of the decision (a binding error, a failed run), so it
-        is recorded as events like any other outcome. Without the shell's ``Progress`` (the loop keeps
-        it up to date meanwhile): the rules count from the snapshot's copy instead, with the same result."""
-        scope, ready = Scope(self._limits), anyio.Event()
-        outcome: list[Decision] = []
-        snap, candidates = own(self.snap), set(candidates)
-
-        async def work() -> None:
-            try:
-                decision = await call_off_loop(scope, decide, self.flow, snap, candidates, running, finish)
-                if decision is not CANCELLED:
-                    outcome.append(decision)
-            finally:
-                ready.set()
-
-        assert self._tg is not None
-        self._deciding = (scope, ready)
-        self._tg.start_soon(work)
-        try:
-            await ready.wait()
-        finally:
-            self._deciding = None
-        return outcome[0] if outcome else None
+        await nodes.launch(self._tg)
 
     async def _commit(self, *, wait: bool = True) -> None:
         """Commit what was appended since the last commit (``CommitPolicy.commit``)."""
@@ -580,7 +468,7 @@ class RunExecution:
         """Cooperative nodes get a grace period to finish their step on pause; then they are cancelled."""
         await anyio.sleep(self._tuning.pause_grace_s)
         self.stop_reason = "pause-timeout"
-        self._put(_Wake())
+        self._put(Wake())
 
     def _stop_tasks(self) -> None:
         """Cancel the node runs in flight; on pause, cooperative node types finish their step."""
@@ -589,7 +477,5 @@ class RunExecution:
         self._nodes.stop(cooperative=self.stop_reason == "pause")
 
 
-_NODE_ENDS = frozenset({NodeComplete, NodeError})  # a child run may have spent: look at the run's budget
-_PROGRESS = frozenset({EdgeFire, EdgeSkip, NodeStart, NodeComplete, NodeSkipped, NodeError, LoopIterate, FlowResumed})
 _ENDS = frozenset({NodeComplete, NodeSkipped, NodeError, NodeWaiting})  # a node run is no longer in flight
 _CAUSING = frozenset({NodeComplete, NodeSkipped, NodeError, EdgeFire, EdgeSkip, LoopIterate})  # what Causes follows
