@@ -38,7 +38,7 @@ from flowkernel.core.snapshot import RunSnapshot
 from flowkernel.errors import NodeFailure
 from flowkernel.history.agent_runs import FOLDED, AgentRunFold, AgentTypes
 from flowkernel.redaction import holds_secret, redact_bytes
-from flowkernel.store.base import EventRow, Lease, Store
+from flowkernel.store.base import AgentRun, EventRow, Lease, Store
 from flowkernel.store.checkpoint import encode_checkpoint
 from flowkernel.store.packing import LEAF, PACKED_PREFIX, Packer
 from msgspec.structs import replace
@@ -77,7 +77,7 @@ class Appender:
         self.rows: list[EventRow] = []
         self.applied: list[BaseEvent] = []
 
-    def agent_runs(self) -> Sequence[Any]:
+    def agent_runs(self) -> Sequence[AgentRun]:
         """The agent runs changed since the last call (for the next commit)."""
         return self._agents.changed() if self._agents is not None else ()
 
