@@ -129,7 +129,7 @@ def test_deltas_waiting_for_their_window_are_committed_when_the_run_pauses() -> 
             with anyio.fail_after(10):
                 while kernel.executing(run_id) is None:
                     await anyio.sleep(0.01)
-                while len(kernel.executing(run_id)._applied) < 20:  # type: ignore[union-attr]
+                while len(kernel.executing(run_id).appender.applied) < 20:  # type: ignore[union-attr]
                     await anyio.sleep(0.01)
             from flowkernel.core.commands import Command
 

@@ -161,7 +161,9 @@ def test_running_a_flow_builds_no_dataclass_of_the_run_shell(tmp_path: Path, cle
     assert done.returncode == 0, done.stderr
     made = done.stderr.rsplit("MADE=", 1)[-1].strip().split(",")
     # (flowkernel.core.node's stay dataclasses: `validate` of a flow known to be valid imports it, and not msgspec.)
-    shell = ("flowkernel.run.loop.", "flowkernel.core.scheduling.", "flowkernel.core.compiler.", "flowkernel.core.commands.",
+    shell = ("flowkernel.run.loop.", "flowkernel.run.append.", "flowkernel.run.commit_policy.",
+             "flowkernel.run.node_runs.", "flowkernel.run.decisions.", "flowkernel.run.budget_watch.",
+             "flowkernel.run.mailbox.", "flowkernel.core.causes.", "flowkernel.core.scheduling.", "flowkernel.core.compiler.", "flowkernel.core.commands.",
              "flowkernel.run.", "flowkernel.core.expression_scope.")
     assert [m for m in made if m.startswith(shell)] == []
 
@@ -190,7 +192,7 @@ def test_bare_nodes_and_edges_compile_to_the_graph_the_same_flow_spelled_out_in_
 
 def test_a_resumed_run_reads_its_checkpoint_and_looks_over_its_whole_flow_once_before_it_goes_on(tmp_path: Path,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    import flowkernel.run.loop
+    import flowkernel.run.decisions
     from flowkernel.core.commands import Command
     from flowkernel.plugins.registry import default_registry
 
@@ -213,13 +215,13 @@ def test_a_resumed_run_reads_its_checkpoint_and_looks_over_its_whole_flow_once_b
         run_id = kernel.create_run(kernel.compile(document), {})
         assert anyio.run(kernel.execute, run_id).status == "paused"
         looked: list[int] = []
-        awake = flowkernel.run.loop.awake
+        awake = flowkernel.run.decisions.awake
 
         def counted(flow: Any, snap: Any) -> set[str]:
             looked.append(snap.seq)
             return awake(flow, snap)
 
-        monkeypatch.setattr(flowkernel.run.loop, "awake", counted)
+        monkeypatch.setattr(flowkernel.run.decisions, "awake", counted)
         reads: list[str] = []
         read_checkpoint = store.read_checkpoint
 

@@ -172,6 +172,9 @@ class StatePatch(BaseEvent, tag="state:patch"):
     # True: the patch reaches the state when its node run completes (or waits), not before, and not
     # at all if it never does; the patches of node types that run again from the start are staged.
     staged: bool = False
+    # Why the patch could not apply to the state as it was when it arrived (another node run changed
+    # it meanwhile): recorded, and applied as a no-op.
+    rejected: str | None = None
 
 
 class CommandReceived(BaseEvent, tag="command:received"):

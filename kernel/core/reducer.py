@@ -299,8 +299,11 @@ def _loop_exhausted(flow: CompiledFlow, s: RunSnapshot, ev: LoopExhausted, o: bo
 def _state_patch(flow: CompiledFlow, s: RunSnapshot, ev: StatePatch, o: bool) -> tuple[RunSnapshot, frozenset[str]]:
     """A staged patch waits for its node run to finish (``_land``) and is dropped if it never does, so
     a node run that runs again from the start (after a crash, a pause, a failed attempt) changes the
-    state once. Other patches (of node types that continue from their own progress) apply at once."""
+    state once. Other patches (of node types that continue from their own progress) apply at once. A
+    rejected patch (it could not apply when it arrived) changes nothing."""
     run_id = ev.runId
+    if ev.rejected is not None:
+        return replace(s, seq=ev.seq), frozenset()
     if not ev.staged or run_id is None:
         return replace(s, seq=ev.seq, state=apply_patch(s.state, ev.op, ev.path, ev.value)), frozenset()
     patch = StagedPatch(op=ev.op, path=ev.path, value=ev.value)

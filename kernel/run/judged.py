@@ -9,17 +9,14 @@ from collections.abc import Callable
 from flowkernel.core.budgets import run_limit
 from flowkernel.core.commands import Command, CommandOutcome, judge_command
 from flowkernel.core.compiler import CompiledFlow
-from flowkernel.core.events import BaseEvent, FlowResumed, FlowUpdated, decode, encode
+from flowkernel.core.events import BaseEvent, FlowResumed, FlowUpdated
 from flowkernel.core.inputs import check_input
 from flowkernel.core.snapshot import RunSnapshot
 from flowkernel.errors import CommandRejectedError, FlowUpdateError, RunInputError
-from flowkernel.history.agent_runs import AgentRunFold
-from flowkernel.ids import now_ms
 from flowkernel.plugins.registry import Registry
-from flowkernel.redaction import holds_secret, redact_bytes
+from flowkernel.run.append import append_now
 from flowkernel.run.flow_cache import FlowCache
-from flowkernel.store.base import EventRow, Lease, Store
-from flowkernel.store.checkpoint import encode_checkpoint
+from flowkernel.store.base import Lease, Store
 
 Before = Callable[[RunSnapshot], list[BaseEvent]]  # a run's first events after it is loaded (may raise Refused)
 
@@ -108,30 +105,8 @@ class Judge:
 
     def append_now(self, snap: RunSnapshot, drafts: list[BaseEvent], lease: Lease, *,
                     release: bool = False) -> RunSnapshot:
-        from flowkernel.core.reducer import apply
-
+        """Append ``drafts`` through the one append path (``run/append.py``) and commit them at once."""
         record = self.store.get_run(snap.runId)
-        flow = self.flows.stored(snap.flowHash, record)
-        agents = AgentRunFold.for_run(flow, snap, self.store, self.registry)
-        rows: list[EventRow] = []
-        for d in drafts:
-            d.seq = snap.seq + 1
-            d.timestamp = now_ms()
-            d.flowRunId = snap.runId
-            body = encode(d)
-            if holds_secret(body):
-                body = redact_bytes(body)
-            ev = decode(body)
-            if isinstance(ev, FlowUpdated):
-                flow = self.flows.stored(ev.toHash, record)
-                if agents is not None:
-                    agents.follow(flow)
-            if agents is not None:
-                agents.apply(snap, ev)
-            snap, _ = apply(flow, snap, ev)
-            rows.append((ev.seq, ev.timestamp, body))
-        skeleton, blobs = encode_checkpoint(snap)
-        self.store.commit(snap.runId, rows, snap.status, snap.seq, snap.error, skeleton, blobs, lease=lease,
-                          release=release, agent_runs=agents.changed() if agents is not None else ())
-        return snap
+        return append_now(self.store, snap, drafts, lease, flows=lambda h: self.flows.stored(h, record),
+                          agent_types=self.registry, release=release)
 
