@@ -44,11 +44,14 @@ def build(name: str = "test-server") -> MCPServer:
 
         raise ToolError(f"refused: {reason}")
 
-    @server.tool(description="Never answers.")
-    async def hang() -> str:
+    @server.tool(description="Never answers the first time it is called (with MCP_TEST_DIR: once per folder).")
+    async def hang(ctx: Context) -> str:
         folder = _folder()
+        key = (ctx.request_context.meta or {}).get("idempotencyKey")
+        if folder is not None and (folder / "hanging").exists():
+            return f"answered the second time, key {key}"
         if folder is not None:
-            (folder / "hanging").write_text("", encoding="utf-8")
+            (folder / "hanging").write_text(str(key), encoding="utf-8")
         await anyio.sleep(3600)
         return "woke"
 

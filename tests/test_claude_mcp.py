@@ -184,7 +184,7 @@ anyio.run(lambda: kernel.run(flow, {}, run_id=run_id))
 
 
 @pytest.mark.slow
-async def test_a_crash_mid_call_resumes_as_with_python_tools_and_leaves_no_server_behind(
+async def test_a_call_cut_short_by_a_crash_runs_again_with_its_key_and_no_server_is_left_behind(
         tmp_path: Path, fake: FakeAnthropic, folder: Path) -> None:
     import os
     import signal
@@ -219,8 +219,13 @@ async def test_a_crash_mid_call_resumes_as_with_python_tools_and_leaves_no_serve
     after_crash = sent(fake.requests[2].body)["messages"]
     [answer, results] = after_crash[len(before_crash):]
     assert answer["content"][0]["id"] == "tu_h"
-    assert results["content"][0]["tool_use_id"] == "tu_h" and results["content"][0]["is_error"] is True
-    assert results["content"][1] == {"type": "text", "text": "continue"}
+    key = (folder / "hanging").read_text(encoding="utf-8")
+    [node_run] = [r["runId"] for r in kernel.store.list_agent_messages(session_id=final.agentSessions["agent"])
+                  if r["role"] == "assistant" and "tu_h" in str(r["content"])]
+    assert key == f"{node_run}:tu_h" and node_run != final.nodeRuns["agent"], "the key of the first node run"
+    assert results["content"] == [
+        {"type": "tool_result", "tool_use_id": "tu_h", "content": f"answered the second time, key {key}"},
+        {"type": "text", "text": "continue"}]
     stored = kernel.store.list_tool_calls(session_id=final.agentSessions["agent"])
-    assert [(r["toolUseId"], r["status"]) for r in stored] == [("tu_a", "completed"), ("tu_h", "error")]
+    assert [(r["toolUseId"], r["status"]) for r in stored] == [("tu_a", "completed"), ("tu_h", "completed")]
     assert not any(alive(pid) for pid in server_pids(folder))

@@ -30,7 +30,7 @@ TOOL_CHOICES = ("auto", "any", "none")
 
 KEYS = frozenset({"prompt", "messages", "system", "model", "maxTokens", "temperature", "thinking", "maxTurns",
                   "maxTotalTurns", "tools", "toolChoice", "outputSchema", "outputRetries", "session",
-                  "toolResultMaxBytes", "cache", "compaction", "mcpServers"})
+                  "toolResultMaxBytes", "cache", "compaction", "mcpServers", "maxParallelTools"})
 
 
 def _count(minimum: int, description: str, default: int | None = None) -> dict[str, Any]:
@@ -74,6 +74,7 @@ INPUT_SCHEMA: dict[str, Any] = {
                                 DEFAULT_MAX_TOTAL_TURNS),
         "tools": bindable({"type": "array", "items": {"type": "string"}, "description": (
             "Registered tool names; mcp__<server>__<tool> names pick a server's tools.")}),
+        "maxParallelTools": _count(1, "Tool calls of one model message run at the same time at most (all by default)."),
         "mcpServers": bindable({"type": "object", "description": (
             "MCP servers whose tools join the node's as mcp__<server>__<tool>: {\"command\", \"args\"?, "
             "\"env\"?, \"cwd\"?} (stdio) or {\"url\", \"headers\"?} (streamable HTTP), each with "
@@ -137,6 +138,7 @@ class AgentConfig:
     compaction_trigger: int | None = None  # input tokens that start a compaction; None: no compaction
     compaction_instructions: str | None = None
     mcp_servers: tuple[ServerSpec, ...] = ()  # the MCP servers started with each node run
+    max_parallel_tools: int | None = None  # tool calls of one message at a time; None: all of them
 
     @property
     def mcp_server_names(self) -> frozenset[str]:
@@ -324,7 +326,7 @@ def check_input(data: Any, path: str, problems: list[Problem]) -> None:
     for key in ("system", "model"):
         if data.get(key) is not None and not isinstance(data[key], str):
             problems.append(Problem(f"{path}.{key}", "must be a string"))
-    for key in ("maxTokens", "maxTurns", "maxTotalTurns"):
+    for key in ("maxTokens", "maxTurns", "maxTotalTurns", "maxParallelTools"):
         _positive_int(data, key, path, problems)
     for key in ("outputRetries", "toolResultMaxBytes"):
         _positive_int(data, key, path, problems, zero=True)
@@ -397,6 +399,7 @@ def parse_config(data: Any, node_id: str, limits: NodeLimits | None = None) -> A
         compaction_trigger=compaction.get("triggerTokens", DEFAULT_COMPACTION_TRIGGER) if compaction else None,
         compaction_instructions=compaction.get("instructions") if compaction else None,
         mcp_servers=parse_servers(data.get("mcpServers")),
+        max_parallel_tools=data.get("maxParallelTools"),
     )
 
 

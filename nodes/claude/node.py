@@ -253,6 +253,10 @@ class _Execution:
         uses = transcript.pending_tool_uses()
         self.stored_seqs = pickup.settle(uses, self.resolved) if uses else \
             pickup.stored_but_not_consumed(len(preamble))
+        message = pickup.last_assistant()
+        if pickup.cut_short and message is not None:  # run again, with the keys they had
+            await self.round.run(transcript, pickup.cut_short, message["id"], int(message["step"]),
+                                 received_by=message["runId"])
         answer = pickup.final_answer(len(preamble))
         if answer is not None and lineage.previous in lineage.failed and ctx.inbox():
             return None  # a failed agent resumed with a message: the message is its next turn

@@ -4,11 +4,16 @@ A node's tools are its registered Python functions (``tools``) and the tools its
 (``mcpServers``, ``flowkernel.agents.mcp``), named ``mcp__<server>__<tool>``. Every server's tools
 join, unless ``tools`` names some of a server's: then only those of that server do.
 
-The calls of one turn run concurrently; each is stored (a tool-call row), evented (``agent:tool``),
+The calls of one turn run concurrently (at most ``maxParallelTools`` at a time); each is stored (a tool-call row), evented (``agent:tool``),
 timed, truncated and traced, whatever kind of tool it is. A tool that raises, or an MCP tool that
 answers ``isError``, is a failed call the model is told about; an MCP *server* that breaks or does
 not answer in time fails the node run (``agent:error`` ``error_mcp_server``, naming the server and
 its stderr's tail), the other calls of the round cancelled.
+
+Each call has an idempotency key, ``<node run id>:<tool use id>`` of the node run that received the
+tool_use block: a Python tool gets it as ``ToolContext.idempotency_key``, an MCP tool in the request's
+``_meta`` (``{"idempotencyKey": …}``). A call cut short by a crash runs again on resume (``resume.py``)
+with the same key; a call whose result is stored never runs again.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from typing import Any
 
 import anyio
 from flowkernel.agents.mcp import McpServerError, McpServers, McpTool, server_of
-from flowkernel.agents.tools import ASK_HUMAN, Tool, as_tool, result_text, truncate
+from flowkernel.agents.tools import ASK_HUMAN, Tool, ToolContext, as_tool, result_text, truncate
 from flowkernel.core.events import AgentError, AgentTool
 from flowkernel.core.node_context import NodeContext
 from flowkernel.errors import NodeFailure
@@ -93,14 +98,18 @@ class ToolRound:
         self.ctx, self.cfg, self.toolbox, self.resolved = ctx, cfg, toolbox, resolved
 
     async def run(self, transcript: Transcript, content: list[dict[str, Any]], message_id: int | None,
-                  step: int) -> None:
-        """Run the message's tool calls concurrently; ``ask_human`` is left for the turn boundary."""
+                  step: int, *, received_by: str | None = None) -> None:
+        """Run the message's tool calls concurrently; ``ask_human`` is left for the turn boundary.
+        ``received_by``: the node run that stored the message (this one when None), for the keys."""
         calls = [b for b in content if b.get("type") == "tool_use" and b.get("name") != ASK_HUMAN]
         failure: list[NodeFailure] = []
+        limit = anyio.CapacityLimiter(self.cfg.max_parallel_tools or max(len(calls), 1))
+        node_run = received_by or self.ctx.run_id
 
         async def one(block: dict[str, Any]) -> None:
             try:
-                await self._run_tool(transcript, block, message_id, step)
+                async with limit:
+                    await self._run_tool(transcript, block, message_id, step, f"{node_run}:{block.get('id')}")
             except NodeFailure as exc:  # the first one is raised below, unwrapped; the others are cancelled
                 failure.append(exc)
                 tg.cancel_scope.cancel()
@@ -111,31 +120,32 @@ class ToolRound:
         if failure:
             raise failure[0]
 
-    async def _call(self, name: str, use_id: str, tool_input: Any) -> tuple[str, bool]:
+    async def _call(self, name: str, use_id: str, tool_input: Any, key: str) -> tuple[str, bool]:
         """The tool's result text (not yet truncated) and whether it is an error."""
         box = self.toolbox
         mcp_tool = box.mcp.get(name)
         if mcp_tool is not None and box.servers is not None:
             try:
-                return await box.servers.call(mcp_tool, tool_input if isinstance(tool_input, dict) else {},
-                                              f"{self.ctx.run_id}:{use_id}")
+                return await box.servers.call(mcp_tool, tool_input if isinstance(tool_input, dict) else {}, key)
             except McpServerError as exc:
                 raise server_failed(self.ctx, exc, toolName=name, toolUseId=use_id) from None
         tool = box.python.get(name)
         if tool is None:
             raise LookupError(f"no tool named {name!r} is available to this agent "
                               f"(available: {', '.join(box.names()) or 'none'})")
-        return result_text(await tool.call(tool_input)), False
+        context = ToolContext(idempotency_key=key, tool_use_id=use_id, node_id=self.ctx.node_id,
+                              run_id=self.ctx.flow_run_id)
+        return result_text(await tool.call(tool_input, context)), False
 
     async def _run_tool(self, transcript: Transcript, block: dict[str, Any], message_id: int | None,
-                        step: int) -> None:
+                        step: int, key: str) -> None:
         ctx, limit = self.ctx, self.cfg.tool_result_max_bytes
         name, use_id, tool_input = str(block.get("name")), str(block.get("id")), block.get("input") or {}
         began = time.monotonic()
         error: str | None = None
         with spans.tool(name, use_id, tool_input) as span:
             try:
-                text, is_error = await self._call(name, use_id, tool_input)
+                text, is_error = await self._call(name, use_id, tool_input, key)
                 text = truncate(text, limit)
                 if is_error:
                     error = text
