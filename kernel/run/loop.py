@@ -24,6 +24,7 @@ from flowkernel.core.budgets import has_budgets, over_budget, run_limit
 from flowkernel.core.commands import Command, CommandOutcome, judge_command, refusal
 from flowkernel.core.compiler import CompiledFlow
 from flowkernel.core.events import (
+    AgentCompaction,
     AgentError,
     AgentText,
     AgentTextDelta,
@@ -954,7 +955,7 @@ class RunExecution:
 
 _NODE_ENDS = frozenset({NodeComplete, NodeError})  # a child run may have spent: look at the run's budget
 _OBSERVABILITY = frozenset({AgentTextDelta, AgentThinkingDelta, AgentText, AgentThinking, AgentTool, AgentError,
-                            AgentUsage})
+                            AgentUsage, AgentCompaction})
 _PROGRESS = frozenset({EdgeFire, EdgeSkip, NodeStart, NodeComplete, NodeSkipped, NodeError, LoopIterate, FlowResumed})
 _AFTER_APPLY: dict[type[BaseEvent], Callable[[RunExecution, Any], None]] = {
     NodeComplete: RunExecution._node_finished, NodeSkipped: RunExecution._node_finished,
