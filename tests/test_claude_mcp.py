@@ -77,6 +77,20 @@ async def test_http_server_tools_are_called_over_streamable_http(
         {"type": "tool_result", "tool_use_id": "tu_b", "content": "bravo"}]
 
 
+async def test_naming_a_tool_the_server_does_not_offer_fails_the_node_saying_what_it_offers(
+        tmp_path: Path, fake: FakeAnthropic, folder: Path) -> None:
+    kernel = make_kernel(tmp_path, fake)
+    snap = await kernel.run(kernel.compile(agent_flow(prompt="x", tools=["mcp__files__write"],
+                                                      mcpServers={"files": stdio_server(folder)})), {})
+
+    assert snap.status == "failed" and fake.request_count == 0
+    fault = snap.faults["agent"]
+    assert fault.errorType == "invalid_input"
+    assert "`tools` names 'mcp__files__write', but MCP server 'files' offers no such tool" in fault.message
+    assert "mcp__files__read" in fault.message
+    assert not any(alive(pid) for pid in server_pids(folder))
+
+
 async def test_a_server_that_cannot_start_fails_the_node_naming_it_and_its_stderr(
         tmp_path: Path, fake: FakeAnthropic, folder: Path) -> None:
     kernel = make_kernel(tmp_path, fake)
