@@ -12,9 +12,10 @@ with an uninterrupted run of the same flow:
 - no node run completed twice, and every node (and forEach item) completed as often as uninterrupted,
   with the same edge decisions;
 - outputs and state are equal (session ids, durations, usage and cost aside);
-- every agent conversation is the uninterrupted one (resume messages aside, and a tool call cut short
-  told as interrupted), so it starts with its prompt and holds it once; each tool call is stored once,
-  and one cut short is stored with status ``error``;
+- every agent conversation is the uninterrupted one (resume messages aside, and a tool call that a new
+  pass found cut short told as interrupted; one its own node run's resume finds runs again), so it
+  starts with its prompt and holds it once; each tool call is stored once, and one told as interrupted
+  is stored with status ``error``;
 - replaying each run's events gives its stored snapshot.
 
 Processes are forked from a server that has imported flowkernel already (``--spawn`` in the script:

@@ -56,7 +56,7 @@ def docs_module(monkeypatch: pytest.MonkeyPatch) -> Iterator[types.ModuleType]:
 
 
 def test_the_marked_blocks_are_the_ones_the_reader_sees() -> None:
-    assert len(python_blocks_marked_tested(EXTENDING)) == 5
+    assert len(python_blocks_marked_tested(EXTENDING)) == 6
     assert "class Tally" in python_blocks_marked_tested(EXTENDING)[-1]
 
 
@@ -83,6 +83,20 @@ def test_the_registration_examples_register_what_they_say(docs_module: types.Mod
     assert snap.status == "completed", snap.error
     assert snap.outputs == {"slug": "hello-big-world", "note": 1, "count": 15}
     assert snap.state == {"notes": ["hello-big-world"]}
+
+
+def test_the_idempotent_tool_does_its_side_effect_once_per_key(docs_module: types.ModuleType) -> None:
+    from flowkernel.agents.tools import ToolContext
+
+    send = as_tool("send_invoice", default_registry().tools["send_invoice"])
+    assert set(send.input_schema["properties"]) == {"customer", "amount"}, "ctx is not part of the input"
+    first = ToolContext(idempotency_key="nr_1:toolu_1", tool_use_id="toolu_1", node_id="billing", run_id="run_1")
+    again = anyio.run(send.call, {"customer": "ACME", "amount": 30}, first)
+    assert again == anyio.run(send.call, {"customer": "ACME", "amount": 30}, first)
+    assert docs_module.SENT == {"nr_1:toolu_1": "invoice of 30 sent to ACME"}
+    other = ToolContext(idempotency_key="nr_1:toolu_2", tool_use_id="toolu_2", node_id="billing", run_id="run_1")
+    anyio.run(send.call, {"customer": "ACME", "amount": 30}, other)
+    assert len(docs_module.SENT) == 2
 
 
 def test_tally_waits_for_a_person_then_continues_where_it_stopped(docs_module: types.ModuleType) -> None:

@@ -7,7 +7,7 @@ from typing import Any
 
 import anyio
 import pytest
-from flowkernel.core.events import AgentTextDelta, BaseEvent, StatePatch
+from flowkernel.core.events import AgentCompaction, AgentTextDelta, BaseEvent, StatePatch
 from flowkernel.core.node_context import NodeContext
 from flowkernel.run.kernel import Kernel
 from flowkernel.store.memory import MemoryStore
@@ -83,6 +83,23 @@ def test_a_stream_of_deltas_is_committed_in_a_few_transactions() -> None:
     assert snap.status == "completed"
     assert len(commits.rows) <= 3  # the start, then the deltas with the node's completion
     assert sum(len(rows) for rows in commits.rows) == len(kernel.events(snap.runId)) - 1
+
+
+def test_compaction_records_wait_for_the_observability_window_like_the_other_agent_events() -> None:
+    async def compacting(ctx: NodeContext) -> str:
+        for i in range(100):
+            ctx.emit(AgentCompaction(tokensBefore=150_000 + i, tokensAfter=900, messagesKept=2))
+            await anyio.sleep(0)
+        return "done"
+
+    store = MemoryStore()
+    commits = Commits(store)
+    kernel = _kernel(store, HOUR_MS, compacting=compacting)
+    snap = anyio.run(kernel.run, kernel.compile(flow([py("m", "compacting")])), {})
+    assert snap.status == "completed"
+    assert len(commits.rows) <= 3  # the start, then the records with the node's completion
+    assert [e.tokensBefore for e in kernel.events(snap.runId) if isinstance(e, AgentCompaction)] == \
+        [150_000 + i for i in range(100)]
 
 
 def test_a_transition_after_deltas_is_committed_at_once_with_them() -> None:

@@ -18,7 +18,7 @@ from typing import Any
 import anyio
 import pytest
 from flowkernel.agents.tools import INTERRUPTED_RESULT
-from flowkernel.core.events import AgentTool, StatePatch
+from flowkernel.core.events import StatePatch
 from flowkernel.run.kernel import Kernel
 from flowkernel.store.memory import MemoryStore
 
@@ -279,19 +279,14 @@ def test_an_agent_killed_after_its_final_answer_was_stored_completes_with_it(
     assert_like_uninterrupted(got, uninterrupted["review-loop"])
 
 
-def test_a_tool_call_cut_short_by_a_crash_is_stored_as_interrupted(
+def test_a_tool_call_cut_short_by_a_crash_runs_again_on_resume(
         tmp_path: Path, uninterrupted: dict[str, Finished]) -> None:
     # The first answer asks for two lookups; the process dies before either row is stored.
     _, got = killed_then_finished(tmp_path, "research", "before-tool-call:1")
     first_two = got.tool_calls[:2]
-    assert [(c["toolName"], c["status"], c["output"]) for c in first_two] == [
-        ("lookup_fact", "error", INTERRUPTED_RESULT)] * 2
-    told = [e for e in got.events if isinstance(e, AgentTool) and e.toolUseId in {c["toolUseId"] for c in first_two}]
-    assert len(told) == 2 and all(e.error and "interrupted" in e.error for e in told)
-    results = [b for m in got.conversations["ses_*_researcher"] if isinstance(m["content"], list)
-               for b in m["content"] if b.get("type") == "tool_result"][:2]
-    assert all(b["content"] == INTERRUPTED_RESULT and b["is_error"] for b in results), "the model is told so"
-    assert got.outputs == uninterrupted["research"].outputs
+    assert [(c["toolName"], c["status"]) for c in first_two] == [("lookup_fact", "completed")] * 2
+    assert all(c["output"] != INTERRUPTED_RESULT for c in got.tool_calls)
+    assert_like_uninterrupted(got, uninterrupted["research"])
 
 
 def test_a_reply_stored_as_the_answer_to_ask_human_is_not_sent_again(

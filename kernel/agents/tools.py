@@ -13,6 +13,15 @@ when it takes one parameter annotated with a pydantic model, from that model::
 
 A plain function registered without ``@tool`` is wrapped on first use. ``ask_human`` is built in:
 the node handles it itself (the node run waits for a ``reply``), so it is never invoked here.
+
+A parameter annotated ``ToolContext`` (any name; ``ctx`` by custom) is not part of the input: it
+receives the call's context, whose ``idempotency_key`` is the same each time the same tool call runs
+(a call cut short by a crash runs again on resume with the key it had), so a tool with a side effect
+can do it once::
+
+    @tool()
+    def pay(invoice: str, ctx: ToolContext) -> str:
+        return payments.charge(invoice, idempotency_key=ctx.idempotency_key)
 """
 
 from __future__ import annotations
@@ -47,6 +56,18 @@ ASK_HUMAN_DEFINITION: dict[str, Any] = {
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+@dataclass(frozen=True, slots=True)
+class ToolContext:
+    """What a tool may know of the call it serves. ``idempotency_key``: ``<node run id>:<tool use id>``,
+    the node run that received the tool call from the model and the call's id; it does not change
+    across resumes, so a side effect keyed by it is done once however often the call runs."""
+
+    idempotency_key: str
+    tool_use_id: str
+    node_id: str
+    run_id: str  # the flow run
+
+
 class ToolInputError(Exception):
     """The model called a tool with input that does not match its schema."""
 
@@ -62,15 +83,18 @@ class Tool:
     # The pydantic model that validates the input (and, with ``model_param``, is passed whole).
     _validator: type[pydantic.BaseModel] | None = field(default=None, repr=False)
     model_param: str | None = None
+    context_param: str | None = None  # the parameter that receives the call's ``ToolContext``
 
     def definition(self) -> dict[str, Any]:
         """The entry of the Messages API ``tools`` list."""
         return {"name": self.name, "description": self.description, "input_schema": self.input_schema}
 
-    async def call(self, tool_input: dict[str, Any]) -> Any:
-        """Validate ``tool_input`` and call the function. Sync functions run in a worker thread so
-        that several tools from one message really run concurrently."""
+    async def call(self, tool_input: dict[str, Any], context: ToolContext | None = None) -> Any:
+        """Validate ``tool_input`` and call the function (with ``context`` if it takes one). Sync
+        functions run in a worker thread so that several tools from one message really run concurrently."""
         kwargs = self._arguments(tool_input)
+        if self.context_param is not None:
+            kwargs[self.context_param] = context
         if inspect.iscoroutinefunction(self.fn):
             return await self.fn(**kwargs)
         result = await anyio.to_thread.run_sync(lambda: self.fn(**kwargs))
@@ -105,13 +129,15 @@ def make_tool(fn: Callable[..., Any], *, name: str | None = None, description: s
         hints = get_type_hints(fn)
     except Exception:
         hints = {}
-    params = [p for p in sig.parameters.values()
-              if p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)]
+    context = next((n for n, ann in hints.items() if ann is ToolContext and n in sig.parameters), None)
+    params = [p for p in sig.parameters.values() if p.name != context
+              and p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)]
     # One parameter typed with a pydantic model: that model is the input, passed whole.
     if len(params) == 1:
         ann = hints.get(params[0].name)
         if isinstance(ann, type) and issubclass(ann, pydantic.BaseModel):
-            return Tool(tool_name, description or _describe(fn), ann.model_json_schema(), fn, ann, params[0].name)
+            return Tool(tool_name, description or _describe(fn), ann.model_json_schema(), fn, ann, params[0].name,
+                        context)
     fields: dict[str, Any] = {}
     for p in params:
         ann = hints.get(p.name, Any)
@@ -121,7 +147,7 @@ def make_tool(fn: Callable[..., Any], *, name: str | None = None, description: s
     schema.pop("title", None)
     for prop in schema.get("properties", {}).values():
         prop.pop("title", None)  # pydantic's generated titles are noise for the model
-    return Tool(tool_name, description or _describe(fn), schema, fn, model)
+    return Tool(tool_name, description or _describe(fn), schema, fn, model, context_param=context)
 
 
 @overload
@@ -145,7 +171,7 @@ def as_tool(name: str, entry: Any) -> Tool:
     """Normalise a registry entry (a ``Tool`` or a plain function) into a ``Tool`` named ``name``."""
     if isinstance(entry, Tool):
         return entry if entry.name == name else Tool(name, entry.description, entry.input_schema, entry.fn,
-                                                     entry._validator, entry.model_param)
+                                                     entry._validator, entry.model_param, entry.context_param)
     if callable(entry):
         return make_tool(entry, name=name)
     raise InvalidInputError(f"tool {name!r} is {type(entry).__name__}, not a function or kernel.tools.Tool")

@@ -17,7 +17,18 @@ import os
 import sys
 from typing import Any
 
-from flowkernel.cli import control, examples, flows, inspect, record, retention, serve, timetravel, workers
+from flowkernel.cli import (
+    control,
+    examples,
+    flows,
+    inspect,
+    mcp,
+    record,
+    retention,
+    serve,
+    timetravel,
+    workers,
+)
 from flowkernel.cli.session import (
     DEFAULT_LOG_LEVEL,
     EXIT_FAILED,
@@ -33,7 +44,7 @@ __all__ = ["EXIT_FAILED", "EXIT_INVALID", "EXIT_OK", "EXIT_STOPPED", "main"]
 
 # Commands that execute a run in this process: interrupted, the run is left to `resume`.
 CONTINUED = frozenset({"run", "resume", "retry", "reply", "send"})
-GROUPS = (flows, inspect, control, timetravel, record, examples, serve, workers, retention)
+GROUPS = (flows, inspect, control, timetravel, record, examples, serve, workers, retention, mcp)
 
 
 class _Version(argparse.Action):

@@ -17,6 +17,7 @@ from collections.abc import Callable
 import anyio
 import msgspec
 from flowkernel.core.events import (
+    AgentCompaction,
     AgentError,
     AgentText,
     AgentTextDelta,
@@ -44,7 +45,7 @@ CHECKPOINT_MIN_BYTES = 64 * 1024
 CHECKPOINT_SPACING = 2
 # Events that only show what a node is doing: committed at most once per observability window.
 OBSERVABILITY = frozenset({AgentTextDelta, AgentThinkingDelta, AgentText, AgentThinking, AgentTool, AgentError,
-                           AgentUsage})
+                           AgentUsage, AgentCompaction})
 
 
 class Durable(msgspec.Struct):

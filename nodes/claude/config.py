@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from flowkernel.agents.mcp import ServerSpec, check_servers, parse_servers, server_of
 from flowkernel.core.node import bindable, check_json_schema
 from flowkernel.core.services import NodeLimits
 from flowkernel.errors import NodeFailure, Problem
@@ -29,7 +30,7 @@ TOOL_CHOICES = ("auto", "any", "none")
 
 KEYS = frozenset({"prompt", "messages", "system", "model", "maxTokens", "temperature", "thinking", "maxTurns",
                   "maxTotalTurns", "tools", "toolChoice", "outputSchema", "outputRetries", "session",
-                  "toolResultMaxBytes", "cache", "compaction"})
+                  "toolResultMaxBytes", "cache", "compaction", "mcpServers", "maxParallelTools"})
 
 
 def _count(minimum: int, description: str, default: int | None = None) -> dict[str, Any]:
@@ -71,7 +72,14 @@ INPUT_SCHEMA: dict[str, Any] = {
         "maxTurns": _count(1, "Model calls this execution may make.", DEFAULT_MAX_TURNS),
         "maxTotalTurns": _count(1, "Model calls of the whole conversation, across resumes and loop passes.",
                                 DEFAULT_MAX_TOTAL_TURNS),
-        "tools": bindable({"type": "array", "items": {"type": "string"}, "description": "Registered tool names."}),
+        "tools": bindable({"type": "array", "items": {"type": "string"}, "description": (
+            "Registered tool names; mcp__<server>__<tool> names pick a server's tools.")}),
+        "maxParallelTools": _count(1, "Tool calls of one model message run at the same time at most (all by default)."),
+        "mcpServers": bindable({"type": "object", "description": (
+            "MCP servers whose tools join the node's as mcp__<server>__<tool>: {\"command\", \"args\"?, "
+            "\"env\"?, \"cwd\"?} (stdio) or {\"url\", \"headers\"?} (streamable HTTP), each with "
+            "\"startTimeout\"? and \"callTimeout\"? in seconds."),
+            "additionalProperties": {"type": "object"}}),
         "toolChoice": bindable({"description": (
             "auto (the default), none (no tool calls), any (the first call of a pass must call a tool) or "
             "{\"tool\": NAME} (it must call that one); a forced choice is refused with thinking on."), "oneOf": [
@@ -129,6 +137,12 @@ class AgentConfig:
     cache: bool = True  # mark the stable prefix for prompt caching (``caching.py``)
     compaction_trigger: int | None = None  # input tokens that start a compaction; None: no compaction
     compaction_instructions: str | None = None
+    mcp_servers: tuple[ServerSpec, ...] = ()  # the MCP servers started with each node run
+    max_parallel_tools: int | None = None  # tool calls of one message at a time; None: all of them
+
+    @property
+    def mcp_server_names(self) -> frozenset[str]:
+        return frozenset(s.name for s in self.mcp_servers)
 
     @property
     def thinking(self) -> bool:
@@ -259,7 +273,10 @@ def _check_tool_choice(data: dict[str, Any], path: str, problems: list[Problem])
         problems.append(Problem(where, "must be \"auto\", \"any\", \"none\" or {\"tool\": NAME}"))
         return
     tools = data.get("tools")
-    if isinstance(named, str) and not _binding(named) and isinstance(tools, list) and named not in tools:
+    servers = data.get("mcpServers")
+    offered = isinstance(named, str) and isinstance(servers, dict) and server_of(named) in servers
+    if isinstance(named, str) and not _binding(named) and isinstance(tools, list) and named not in tools \
+            and not offered:
         problems.append(Problem(f"{where}.tool", f"names no tool of this node ({', '.join(map(str, tools)) or 'none'}"
                                                  "); add it to `tools`"))
     if choice == "any" or named is not None:
@@ -267,7 +284,7 @@ def _check_tool_choice(data: dict[str, Any], path: str, problems: list[Problem])
             problems.append(Problem(where, "a forced tool choice cannot go with thinking (the API answers 400: "
                                            "\"Thinking may not be enabled when tool_choice forces tool use\"); use "
                                            "\"auto\", or leave thinking out"))
-        elif not tools:
+        elif not tools and not servers:
             problems.append(Problem(where, "forces a tool call, but the node has no `tools`"))
 
 
@@ -309,7 +326,7 @@ def check_input(data: Any, path: str, problems: list[Problem]) -> None:
     for key in ("system", "model"):
         if data.get(key) is not None and not isinstance(data[key], str):
             problems.append(Problem(f"{path}.{key}", "must be a string"))
-    for key in ("maxTokens", "maxTurns", "maxTotalTurns"):
+    for key in ("maxTokens", "maxTurns", "maxTotalTurns", "maxParallelTools"):
         _positive_int(data, key, path, problems)
     for key in ("outputRetries", "toolResultMaxBytes"):
         _positive_int(data, key, path, problems, zero=True)
@@ -328,6 +345,7 @@ def check_input(data: Any, path: str, problems: list[Problem]) -> None:
     _check_thinking(data, path, problems)
     _check_compaction(data, path, problems)
     _check_tool_choice(data, path, problems)
+    check_servers(data.get("mcpServers"), f"{path}.mcpServers", problems)
     tools = data.get("tools")
     if tools is not None and not _binding(tools) and (
             not isinstance(tools, list) or not all(isinstance(t, str) for t in tools)):
@@ -380,6 +398,8 @@ def parse_config(data: Any, node_id: str, limits: NodeLimits | None = None) -> A
         cache=data.get("cache", True),
         compaction_trigger=compaction.get("triggerTokens", DEFAULT_COMPACTION_TRIGGER) if compaction else None,
         compaction_instructions=compaction.get("instructions") if compaction else None,
+        mcp_servers=parse_servers(data.get("mcpServers")),
+        max_parallel_tools=data.get("maxParallelTools"),
     )
 
 

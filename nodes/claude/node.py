@@ -25,13 +25,13 @@ import json
 import os
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
 from flowkernel.agents.default import calls_the_api, default_query
+from flowkernel.agents.mcp import McpServerError, open_servers, server_of
 from flowkernel.agents.query import ModelMessage, QueryFn
-from flowkernel.agents.tools import ASK_HUMAN, INTERRUPTED_RESULT, Tool, as_tool, result_text, truncate
+from flowkernel.agents.tools import ASK_HUMAN, INTERRUPTED_RESULT, as_tool, result_text
 from flowkernel.core.events import (
     USAGE_KEYS,
     AgentCompaction,
@@ -59,40 +59,15 @@ from flowkernel.nodes.claude.config import (
     parse_config,
 )
 from flowkernel.nodes.claude.context_window import compaction_at, made_by, same_model, window
-from flowkernel.nodes.claude.pricing import Price, cost_usd, find_price, price_table
+from flowkernel.nodes.claude.pricing import Tally, price_table
 from flowkernel.nodes.claude.resume import Pickup
+from flowkernel.nodes.claude.tool_round import Toolbox, ToolRound, mcp_tools, python_tools, server_failed
 from flowkernel.nodes.claude.transcript import Transcript
 
 FINAL_STOPS = frozenset({"end_turn", "stop_sequence", "max_tokens", "refusal", None})
 # Stop reasons after which the conversation goes back as it is: a server tool paused the turn, or
 # the API paused after compacting the context.
 RESEND_STOPS = frozenset({"pause_turn", "compaction"})
-
-
-@dataclass(slots=True)
-class _Tally:
-    """Usage and cost of this pass of the node (calls made before an interruption included), per model
-    and in total."""
-
-    prices: dict[str, Price]
-    usage: dict[str, int] = field(default_factory=lambda: dict.fromkeys(USAGE_KEYS, 0))
-    by_model: dict[str, dict[str, Any]] = field(default_factory=dict)
-    cost: float = 0.0
-
-    def add(self, model: str, usage: dict[str, int], passes: list[dict[str, Any]] | None = None) -> float:
-        """Count one call; returns what it cost. ``passes``: the call's ``iterations`` (a compaction's
-        summarizing pass, then the message), each priced as the request it is (long-prompt rates go
-        by each pass's own prompt); ``usage`` is their sum."""
-        entry = self.by_model.setdefault(model, {**dict.fromkeys(USAGE_KEYS, 0), "costUSD": 0.0})
-        price = find_price(model, self.prices)
-        call_cost = sum(cost_usd(p, price) for p in passes) if passes else cost_usd(usage, price)
-        for k in USAGE_KEYS:
-            self.usage[k] += int(usage.get(k, 0))
-            entry[k] += int(usage.get(k, 0))
-        entry["costUSD"] += call_cost
-        entry["priced"] = price is not None
-        self.cost += call_cost
-        return call_cost
 
 
 def _text_of(content: Any) -> str:
@@ -173,7 +148,10 @@ class ClaudeAgentNode:
         tools = raw_input.get("tools")
         if not isinstance(tools, list):
             return
+        servers = raw_input.get("mcpServers")
         for i, name in enumerate(tools):
+            if isinstance(servers, dict) and server_of(str(name)) in servers:
+                continue  # an MCP server's tool: known once the server runs
             if isinstance(name, str) and "{{" not in name and name != ASK_HUMAN and name not in known.tools:
                 problems.append(Problem(f"{path}.tools[{i}]", unknown_name("tool", name, [*known.tools, ASK_HUMAN])
                                         + "; register it with --plugin MODULE, the flowkernel.tools entry point "
@@ -184,43 +162,43 @@ class ClaudeAgentNode:
         # The run's query function, chosen by the shell (flowkernel.run.setup.query_for).
         query: QueryFn = ctx.services.query_fn or default_query()
         with spans.agent(ctx.node_id, ctx.run_id, cfg.model) as span:
-            output = await _Execution(ctx, cfg, query).run()
+            if cfg.mcp_servers:
+                output = await self._with_servers(ctx, cfg, query)
+            else:
+                output = await _Execution(ctx, cfg, query, Toolbox(python_tools(ctx, cfg))).run()
             spans.agent_done(span, output)
         return output
+
+    async def _with_servers(self, ctx: NodeContext, cfg: AgentConfig, query: QueryFn) -> Any:
+        """Run with the node's MCP servers, started for this node run and stopped when it ends."""
+        python = python_tools(ctx, cfg)
+        try:
+            async with open_servers(cfg.mcp_servers) as servers:
+                toolbox = Toolbox(python, mcp_tools(ctx, cfg, servers), servers)
+                return await _Execution(ctx, cfg, query, toolbox).run()
+        except McpServerError as exc:  # one could not start
+            raise server_failed(ctx, exc) from None
 
 
 class _Execution:
     """One node run of the agent loop."""
 
-    def __init__(self, ctx: NodeContext, cfg: AgentConfig, query: QueryFn) -> None:
+    def __init__(self, ctx: NodeContext, cfg: AgentConfig, query: QueryFn, toolbox: Toolbox) -> None:
         self.ctx = ctx
         self.cfg = cfg
         self.query = query
-        self.tools = self._resolve_tools()
-        self.tally = _Tally(price_table(ctx.services.prices))
+        self.toolbox = toolbox
+        self.tally = Tally(price_table(ctx.services.prices))
         self.turns = 0
         self.schema_tries = 0
         self.pass_calls = 0  # model calls of this pass that the node runs this one continues made
         self.stored_seqs: set[int] = set()  # inbox messages those node runs had stored already
         self.resolved: dict[str, tuple[str, bool]] = {}  # toolUseId -> (result text, is_error)
+        self.round = ToolRound(ctx, cfg, toolbox, self.resolved)
         self.sent_tool_choice: dict[str, Any] | None = None  # the tool_choice of the call in flight
         self.began = time.monotonic()
 
     # -- setup ------------------------------------------------------------------------------
-
-    def _resolve_tools(self) -> dict[str, Tool]:
-        tools: dict[str, Tool] = {}
-        for name in self.cfg.tools:
-            if name == ASK_HUMAN:
-                continue
-            entry = self.ctx.registry.tools.get(name)
-            if entry is None:
-                known = ", ".join(sorted([*self.ctx.registry.tools, ASK_HUMAN]))
-                raise NodeFailure(f"node {self.ctx.node_id!r}: no tool {name!r} (known: {known}); register it "
-                                  "with Registry.add_tool, --plugin MODULE or the flowkernel.tools entry point",
-                                  "invalid_input")
-            tools[name] = as_tool(name, entry)
-        return tools
 
     def _session_id(self, lineage: Lineage) -> str:
         ctx = self.ctx
@@ -275,6 +253,10 @@ class _Execution:
         uses = transcript.pending_tool_uses()
         self.stored_seqs = pickup.settle(uses, self.resolved) if uses else \
             pickup.stored_but_not_consumed(len(preamble))
+        message = pickup.last_assistant()
+        if pickup.cut_short and message is not None:  # run again, with the keys they had
+            await self.round.run(transcript, pickup.cut_short, message["id"], int(message["step"]),
+                                 received_by=message["runId"])
         answer = pickup.final_answer(len(preamble))
         if answer is not None and lineage.previous in lineage.failed and ctx.inbox():
             return None  # a failed agent resumed with a message: the message is its next turn
@@ -316,7 +298,7 @@ class _Execution:
             if compaction_at(content) is not None:
                 self._compacted(transcript, last)
             if stop == "tool_use":
-                await self._run_tools(transcript, content, message_id, step)
+                await self.round.run(transcript, content, message_id, step)
                 continue
             if stop in RESEND_STOPS:
                 continue
@@ -453,7 +435,7 @@ class _Execution:
         """The next request: what the model is sent of the stored conversation (``context_window.py``)."""
         self.sent_tool_choice = self.cfg.tool_choice_for(first_call=self.pass_calls + self.turns == 0)
         return build_request(self.cfg, window(transcript.rows, self.cfg.model).messages,
-                             [t.definition() for t in self.tools.values()], tool_choice=self.sent_tool_choice)
+                             self.toolbox.definitions(), tool_choice=self.sent_tool_choice)
 
     async def _check_output(self, transcript: Transcript, content: list[dict[str, Any]], step: int) -> bool:
         """Validate the answer against ``outputSchema``; True if the model was asked to correct it."""
@@ -477,42 +459,6 @@ class _Execution:
         transcript.add("user", f"Your answer does not match the required JSON Schema: {problem}. Reply again "
                                "with only the corrected JSON value.", step)
         return True
-
-    async def _run_tools(self, transcript: Transcript, content: list[dict[str, Any]], message_id: int | None,
-                         step: int) -> None:
-        """Run the message's tool calls concurrently; ``ask_human`` is left for the turn boundary."""
-        calls = [b for b in content if b.get("type") == "tool_use" and b.get("name") != ASK_HUMAN]
-        async with anyio.create_task_group() as tg:
-            for block in calls:
-                tg.start_soon(self._run_tool, transcript, block, message_id, step)
-
-    async def _run_tool(self, transcript: Transcript, block: dict[str, Any], message_id: int | None,
-                        step: int) -> None:
-        ctx = self.ctx
-        name, use_id, tool_input = str(block.get("name")), str(block.get("id")), block.get("input") or {}
-        began = time.monotonic()
-        error: str | None = None
-        with spans.tool(name, use_id, tool_input) as span:
-            try:
-                tool = self.tools.get(name)
-                if tool is None:
-                    raise LookupError(f"no tool named {name!r} is available to this agent "
-                                      f"(available: {', '.join(sorted(self.tools)) or 'none'})")
-                text = truncate(result_text(await tool.call(tool_input)), self.cfg.tool_result_max_bytes)
-            except Exception as exc:
-                error = f"{type(exc).__name__}: {exc}"
-                text = truncate(error, self.cfg.tool_result_max_bytes)
-            spans.tool_done(span, text, error)
-        duration = int((time.monotonic() - began) * 1000)
-        self.resolved[use_id] = (text, error is not None)
-        transcript.add_tool_call({"messageId": message_id, "toolName": name, "toolUseId": use_id,
-                                  "input": tool_input, "output": text, "step": step, "durationMs": duration,
-                                  "status": "error" if error else "completed"})
-        ctx.emit(AgentTool(toolName=name, toolUseId=use_id, toolInput=tool_input, toolOutput=text,
-                           durationMs=duration, error=error))
-        if error is not None:
-            ctx.emit(AgentError(errorType="error_tool_use", message=f"tool {name!r} failed: {error}",
-                                details={"toolName": name, "toolUseId": use_id}))
 
     async def _finish(self, transcript: Transcript, last: ModelMessage) -> dict[str, Any]:
         content = last.get("content") or []

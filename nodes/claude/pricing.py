@@ -13,9 +13,10 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from flowkernel.core.events import USAGE_KEYS
 from flowkernel.errors import InvalidInputError
 
 
@@ -126,3 +127,29 @@ def cost_usd(usage: Mapping[str, int], price: Price | None) -> float:
     return (usage.get("inputTokens", 0) * price.input + usage.get("outputTokens", 0) * price.output
             + usage.get("cacheCreationInputTokens", 0) * price.cache_write
             + usage.get("cacheReadInputTokens", 0) * price.cache_read) / 1_000_000
+
+
+@dataclass(slots=True)
+class Tally:
+    """Usage and cost of this pass of the node (calls made before an interruption included), per model
+    and in total."""
+
+    prices: dict[str, Price]
+    usage: dict[str, int] = field(default_factory=lambda: dict.fromkeys(USAGE_KEYS, 0))
+    by_model: dict[str, dict[str, Any]] = field(default_factory=dict)
+    cost: float = 0.0
+
+    def add(self, model: str, usage: dict[str, int], passes: list[dict[str, Any]] | None = None) -> float:
+        """Count one call; returns what it cost. ``passes``: the call's ``iterations`` (a compaction's
+        summarizing pass, then the message), each priced as the request it is (long-prompt rates go
+        by each pass's own prompt); ``usage`` is their sum."""
+        entry = self.by_model.setdefault(model, {**dict.fromkeys(USAGE_KEYS, 0), "costUSD": 0.0})
+        price = find_price(model, self.prices)
+        call_cost = sum(cost_usd(p, price) for p in passes) if passes else cost_usd(usage, price)
+        for k in USAGE_KEYS:
+            self.usage[k] += int(usage.get(k, 0))
+            entry[k] += int(usage.get(k, 0))
+        entry["costUSD"] += call_cost
+        entry["priced"] = price is not None
+        self.cost += call_cost
+        return call_cost

@@ -9,8 +9,9 @@ stored rows and finishes each of those steps exactly once:
 - the *preamble* (system row, tool results closing a conversation a previous pass left mid-tool-call,
   the prompt) is what the first node run of a pass writes first; its rows are written in order, so
   the lineage's stored rows are a prefix of it until it is complete, and only the rest is written;
-- a tool call of the last assistant message with no stored row was cut short: it is stored now with
-  status ``error``, saying so (and ``agent:tool`` says so too), and the model is told the same;
+- a tool call of the last assistant message with no stored row was cut short: it runs again (``cut_short``)
+  with the idempotency key it had; one a new pass finds (``closing``) is stored with status ``error``,
+  saying it was interrupted (and ``agent:tool`` says so too), and the model is told the same;
 - inbox messages the interrupted node run had already stored (as an ``ask_human`` answer, or in the
   user message of a turn boundary whose ``inbox:consumed`` was never committed) are not sent again;
 - a final answer that was stored stands: the node completes with it (or asks for the correction an
@@ -57,6 +58,7 @@ class Pickup:
         mine = set(lineage.runs)
         self.prior = [r for r in transcript.rows if r["runId"] not in mine]
         self.own = [r for r in transcript.rows if r["runId"] in mine]
+        self.cut_short: list[dict[str, Any]] = []  # tool calls ``settle`` found without a row: to run again
 
     def preamble(self, system: str | None, opening: list[dict[str, Any]]) -> list[Planned]:
         """What the first node run of this pass writes before its first turn boundary."""
@@ -95,8 +97,8 @@ class Pickup:
     def settle(self, uses: list[dict[str, Any]], resolved: dict[str, tuple[str, bool]], *,
                closing: bool = False) -> set[int]:
         """Results for ``uses`` (tool calls of the last assistant message) from their stored rows; a
-        call with no row was cut short and is stored now as interrupted (``closing``: ``ask_human``
-        too, a new pass answers no earlier question). Returns the inbox messages (by seq) that answered
+        call with no row was cut short: it goes to ``cut_short`` (run again), or, ``closing``, is stored
+        now as interrupted (``ask_human`` too: a new pass answers no earlier question). Returns the inbox messages (by seq) that answered
         ``ask_human`` calls already: stored as their rows, but not marked taken (that comes with the
         user message, which was not stored)."""
         self.transcript.load_tool_results({b["id"] for b in uses})
@@ -108,9 +110,11 @@ class Pickup:
                 resolved[b["id"]] = (result_text(row.get("output")), row.get("status") == "error")
                 if b.get("name") == ASK_HUMAN and row.get("status") != "error":
                     answered += 1
-            elif closing or b.get("name") != ASK_HUMAN:
+            elif closing:
                 self.store_interrupted(b, message)
                 resolved[b["id"]] = (INTERRUPTED_RESULT, True)
+            elif b.get("name") != ASK_HUMAN:
+                self.cut_short.append(b)
         answers = [m.seq for m in self.ctx.inbox() if m.kind != "resume"]
         return set(answers[:answered]) if not closing else set()
 

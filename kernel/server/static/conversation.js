@@ -15,6 +15,12 @@ function block(b) {
         valueBlock(b.thinking, { className: "prose" }));
     case "redacted_thinking":
       return h("p", { class: "block block-thinking" }, "thinking (redacted by the API)");
+    case "compaction":
+      // What the API summarized the conversation before it into; later requests start here.
+      return h("details", { class: "block block-compaction" },
+        h("summary", {}, b.content == null ? "compaction (it failed: no summary)"
+          : "compaction: the conversation before this was summarized"),
+        valueBlock(b.content ?? "", { className: "prose" }));
     case "tool_use":
       return h("div", { class: "block block-tool-use" },
         h("p", { class: "block-head" }, "tool use ", h("strong", {}, b.name), " ", h("code", {}, b.id)),

@@ -251,6 +251,11 @@ export class Timeline {
           add(row(e, "error", [`${e.errorType}: `, slot], more ? [more] : []));
         }
         break;
+      case "agent:compaction":
+        add(row(e, "compaction", `context compacted: ${e.tokensBefore ?? 0} tokens summarized, the answer made ` +
+          `from ${e.tokensAfter ?? 0}; ${e.messagesKept ?? 0} stored message${e.messagesKept === 1 ? "" : "s"} ` +
+          `sent from now on, ${e.messagesSummarized ?? 0} no longer sent`));
+        break;
       case "agent:usage":
         add(row(e, "usage", `${e.model} · ${usage(e.usage)} · ${cost(e.costUsd ?? 0)}`));
         break;
