@@ -363,6 +363,34 @@ def test_runs_are_searched_by_id_error_text_and_status_and_the_search_is_in_the_
 # --- reading a run -------------------------------------------------------------------------------
 
 
+def test_typing_into_a_field_before_the_last_search_lands_is_kept(open_page: Callable[..., Page],
+                                                                    server: Server) -> None:
+    """Leaving one field searches (its change event sets the address); the page learns of the new
+    address a moment later, by when the user may have typed into the next field: that text stays."""
+    ok = api_run(server, {"flow": "hello", "input": {"name": "Grace"}})["runId"]
+    api_run(server, {"flow": "fails"})
+    ui = open_page("#/?error=QUOTA")
+    page = ui.page
+    expect(page.get_by_label("Error")).to_have_value("QUOTA")
+    # One task: the error field is emptied and left (a search for everything), and the run id typed,
+    # all before the hashchange of that search is handled.
+    page.evaluate("""(id) => {
+        const error = document.querySelector('input[name=error]');
+        error.value = '';
+        error.dispatchEvent(new Event('change'));
+        document.querySelector('input[name=run]').value = id;
+    }""", ok)
+    expect(page).to_have_url(re.compile(r"#/$"))
+    expect(page.get_by_label("Run id")).to_have_value(ok)
+    page.get_by_role("button", name="Search").click()
+    expect(page).to_have_url(re.compile(rf"run={ok}$"))
+    expect(page.locator("tbody tr[data-run]")).to_have_count(1)
+    # An address from elsewhere (Back) still fills the fields.
+    page.go_back()
+    expect(page.get_by_label("Run id")).to_have_value("")
+    ui.assert_clean()
+
+
 def test_a_failed_run_shows_its_error_once_with_the_diffs_lines_and_the_timeline_reads_in_order(
         open_page: Callable[..., Page], server: Server) -> None:
     # The recorded planner call asked for "CSV export": another feature makes the fixture refuse it.

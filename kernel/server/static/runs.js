@@ -69,14 +69,16 @@ export class RunsPage {
     this.applyParams(params);
   }
 
-  applyParams(params) {
+  applyParams(params, inputs = true) {
     this.params = params;
-    this.statusSelect.value = params.get("status") || "";
     const flow = params.get("flow") || "";
     this.addFlowOption(flow);
-    this.flowSelect.value = flow;
-    this.idInput.value = params.get("run") || "";
-    this.errorInput.value = params.get("error") || "";
+    if (inputs) { // not after a search of our own: the fields may hold what was typed since
+      this.statusSelect.value = params.get("status") || "";
+      this.flowSelect.value = flow;
+      this.idInput.value = params.get("run") || "";
+      this.errorInput.value = params.get("error") || "";
+    }
     this.cursor = params.get("cursor") || null;
     const limit = Number.parseInt(params.get("limit") || "", 10);
     this.limit = Number.isInteger(limit) && limit >= 1 && limit <= 500 ? limit : PAGE_SIZE;
@@ -108,16 +110,24 @@ export class RunsPage {
     const hash = this.hash(null);
     if (location.hash === hash) return;
     this.older = [];
-    location.hash = hash;
+    this.navigate(hash);
   }
 
   go(cursor, forward) {
     if (forward) this.older.push(this.cursor);
-    location.hash = this.hash(cursor);
+    this.navigate(this.hash(cursor));
+  }
+
+  navigate(hash) {
+    this.own = hash; // the address this page set from its own fields
+    location.hash = hash;
   }
 
   update(params) {
-    this.applyParams(params);
+    // A hashchange arrives after the event that set it: by then the user may have typed into another
+    // field. An address this page set itself leaves the fields alone; any other (a link, Back) fills them.
+    const own = this.own !== undefined && location.hash === this.own;
+    this.applyParams(params, !own);
     this.refresh();
     return true;
   }
