@@ -95,9 +95,10 @@ def main() -> None:
     if os.getppid() != parent:  # the parent died before the death signal was armed
         on_term(signal.SIGTERM, None)
     code = cli.wait()
-    kill_all(signal.SIGTERM)
-    time.sleep(0.1)
-    kill_all(signal.SIGKILL)
+    if descendants():  # what the CLI left (re-parented here by now): a moment to end, then killed
+        kill_all(signal.SIGTERM)
+        time.sleep(0.1)
+        kill_all(signal.SIGKILL)
     reap()
     sys.exit(code if code >= 0 else 128 - code)
 
