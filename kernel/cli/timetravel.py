@@ -19,7 +19,7 @@ from flowkernel.cli.session import (
 
 
 def add_parsers(sub: Any) -> None:
-    sp = sub.add_parser("fixtures", help="write a stored run's model calls as fixture files")
+    sp = sub.add_parser("fixtures", help="write a stored run's model calls and Claude Code sessions as fixture files")
     sp.add_argument("run")
     sp.add_argument("--output", required=True, metavar="DIR", help="the fixture directory (one <nodeId>.json each)")
     sp.add_argument("--force", action="store_true", help="overwrite fixture files that exist")

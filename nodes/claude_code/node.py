@@ -75,6 +75,27 @@ class ClaudeCodeNode:
         cfg = parse_config(ctx.input, ctx.node_id)
         return await _Execution(ctx, cfg).run()
 
+    def session_request_for(self, node_input: Any, node_id: str, *, prompt: str, session_id: str, resumed: bool,
+                            cwd: str | None) -> dict[str, Any]:
+        """The request (prompt and options, as JSON) a session process of this node sent, rebuilt from its
+        resolved input: what ``flowkernel fixtures RUN`` writes for each stored session process."""
+        cfg = parse_config(node_input, node_id)
+        return SessionRequest(prompt, session_options(cfg, cwd, session_id, resumed)).as_json()
+
+
+def session_options(cfg: CodeConfig, cwd: str | None, session_id: str, resume: bool) -> dict[str, Any]:
+    """The JSON options a session process of ``cfg`` is opened with (``SessionRequest.options``)."""
+    options: dict[str, Any] = {"resume": session_id} if resume else {"sessionId": session_id}
+    if cwd is not None:
+        options["cwd"] = cwd
+    given = {"model": cfg.model, "systemPrompt": cfg.system_prompt, "allowedTools": cfg.allowed_tools or None,
+             "disallowedTools": cfg.disallowed_tools or None, "permissionMode": cfg.permission_mode,
+             "ask": cfg.ask or None, "mcpServers": cfg.mcp_servers or None, "maxTurns": cfg.max_turns,
+             "maxBudgetUsd": cfg.max_budget_usd, "thinking": cfg.thinking, "effort": cfg.effort,
+             "outputSchema": cfg.output_schema, "settingSources": cfg.setting_sources or None}
+    options.update({k: v for k, v in given.items() if v is not None})
+    return options
+
 
 def session_query_for(ctx: NodeContext) -> SessionQuery:
     """The session query this node run uses: ``services.extra["session_query"]`` when given (an
@@ -155,18 +176,6 @@ class _Execution:
         sessions = self.ctx.store.list_sessions(run_id=self.ctx.flow_run_id)  # type: ignore[attr-defined]
         return any(s.sessionId == session_id for s in sessions)
 
-    def _options(self, cwd: Path, session_id: str, resume: bool) -> dict[str, Any]:
-        cfg = self.cfg
-        options: dict[str, Any] = {"resume": session_id} if resume else {"sessionId": session_id}
-        options["cwd"] = str(cwd)
-        given = {"model": cfg.model, "systemPrompt": cfg.system_prompt, "allowedTools": cfg.allowed_tools or None,
-                 "disallowedTools": cfg.disallowed_tools or None, "permissionMode": cfg.permission_mode,
-                 "ask": cfg.ask or None, "mcpServers": cfg.mcp_servers or None, "maxTurns": cfg.max_turns,
-                 "maxBudgetUsd": cfg.max_budget_usd, "thinking": cfg.thinking, "effort": cfg.effort,
-                 "outputSchema": cfg.output_schema, "settingSources": cfg.setting_sources or None}
-        options.update({k: v for k, v in given.items() if v is not None})
-        return options
-
     async def run(self) -> Any:
         ctx, cfg = self.ctx, self.cfg
         lineage = find_lineage(ctx.store, ctx.flow_run_id, ctx.node_id, ctx.item, ctx.run_id)
@@ -190,7 +199,7 @@ class _Execution:
         transcript.add("user", prompt, transcript.steps)
         await ctx.consume_inbox(len(inbox), step=transcript.steps)
         stream = SessionStream(ctx, transcript, price_table(ctx.services.prices), cfg.model or "default")
-        request = SessionRequest(prompt, self._options(cwd, session_id, resume))
+        request = SessionRequest(prompt, session_options(cfg, str(cwd), session_id, resume))
         query = session_query_for(ctx)
         store = RunSessionStore(ctx.store, ctx.flow_run_id)  # type: ignore[arg-type]  # a Store: SessionRows
         try:
