@@ -139,7 +139,7 @@ async def flowkernel_resume_ms(fake: FakeAnthropic, base: Path, db: Path) -> flo
         done = await second.reply(snap.runId, waiting.runId, {"allow": True})
         if done.status != "completed":
             raise SystemExit(f"the resumed run ended {done.status}: {done.error}")
-        return (fake.requests[before].received_at - start) * 1000
+        return float(fake.requests[before].received_at - start) * 1000
     finally:
         second.store.close()
 
@@ -152,7 +152,7 @@ async def bare_resume_ms(fake: FakeAnthropic, work: Path) -> float:
         before = len(fake.requests)
         start = time.monotonic()
         await bare(fake.base_url, work, home_of=cc, resume=first["session_id"], prompt="continue")
-        return (fake.requests[before].received_at - start) * 1000
+        return float(fake.requests[before].received_at - start) * 1000
 
 
 def _resume_script(notes: Path, turns: int) -> list[Response]:
