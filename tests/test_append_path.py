@@ -9,15 +9,16 @@ and the ``flow:complete`` that ends a rerun cut short.
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import anyio
 from flowkernel.core.commands import Command
-from flowkernel.core.events import FlowComplete, FlowStart, RerunOutcome, encode
+from flowkernel.core.events import Event, FlowComplete, FlowStart, RerunOutcome, encode
 from flowkernel.core.reducer import fold
 from flowkernel.errors import CommandRejectedError
 from flowkernel.run.kernel import Kernel
@@ -138,3 +139,45 @@ def test_a_rerun_cut_short_ends_with_a_flow_complete_stored_as_before(tmp_path: 
         assert fold(compiled, kernel.events(rerun_id)) == snap
     finally:
         kernel.close()
+
+
+ROOT = Path(__file__).resolve().parents[1]
+EVENT_TYPES = frozenset(cls.__name__ for cls in get_args(Event))
+# Where an event is given its seq or time other than by the append path, and why that is right there.
+STAMPED_ELSEWHERE = {
+    # A queued run has no event yet: the flow:start (seq 0) it reads as is never stored.
+    "kernel/run/reads.py",
+}
+
+
+def stamping(sources: dict[str, str]) -> list[str]:
+    """Where code other than ``run/append.py`` gives an event its ``seq`` or ``timestamp``."""
+    found = []
+    for path, source in sorted(sources.items()):
+        if path == "kernel/run/append.py" or path in STAMPED_ELSEWHERE:
+            continue
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in EVENT_TYPES:
+                found += [f"{path}:{node.lineno} {node.func.id}({k.arg}=…)" for k in node.keywords
+                          if k.arg in ("seq", "timestamp")]
+            elif isinstance(node, ast.Assign) and path.startswith("kernel/run/"):
+                found += [f"{path}:{node.lineno} .{t.attr} =" for t in node.targets
+                          if isinstance(t, ast.Attribute) and t.attr in ("seq", "timestamp")]
+    return sorted(found)
+
+
+def _package_sources() -> dict[str, str]:
+    return {str(p.relative_to(ROOT)): p.read_text(encoding="utf-8")
+            for folder in ("kernel", "nodes") for p in (ROOT / folder).rglob("*.py")}
+
+
+def test_only_the_append_path_stamps_an_event() -> None:
+    assert stamping(_package_sources()) == []
+
+
+def test_an_event_stamped_by_hand_is_reported() -> None:
+    planted = ("def end(run_id, seq):\n    ev = FlowComplete(seq=seq + 1, timestamp=now_ms(), status='failed')\n"
+               "    ev.seq = seq\n    return ev\n")
+    assert stamping({**_package_sources(), "kernel/run/planted.py": planted}) == [
+        "kernel/run/planted.py:2 FlowComplete(seq=…)", "kernel/run/planted.py:2 FlowComplete(timestamp=…)",
+        "kernel/run/planted.py:3 .seq ="]
