@@ -2,7 +2,9 @@
 
 ``Appender`` is used by the run loop for every event of an execution, and by ``append_now`` for the
 events the Kernel appends and commits at once under a lease (a command judged while no execution
-holds the run, a flow switch before a resume, a failure to start, a hand-over).
+holds the run, a flow switch before a resume, a failure to start, a hand-over). A run's first event,
+its ``flow:start``, has no snapshot to join yet: ``Appender.start`` stamps and encodes it and makes
+the snapshot it starts (run creation, a queued run a worker starts, a fork's first event).
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 from flowkernel.core.compiler import CompiledFlow
@@ -19,6 +21,7 @@ from flowkernel.core.events import (
     EdgeFire,
     EdgeSkip,
     FlowComplete,
+    FlowStart,
     FlowUpdated,
     FlowWaiting,
     LoopExhausted,
@@ -33,7 +36,7 @@ from flowkernel.core.events import (
     encoder,
 )
 from flowkernel.core.nonfinite import check_encoded, refuse_non_finite
-from flowkernel.core.reducer import apply, own
+from flowkernel.core.reducer import apply, initial_snapshot, own
 from flowkernel.core.snapshot import RunSnapshot
 from flowkernel.errors import NodeFailure
 from flowkernel.history.agent_runs import FOLDED, AgentRunFold, AgentTypes
@@ -58,6 +61,15 @@ class View(msgspec.Struct):
     exact: bool  # every one was applied as submitted (no JSON normalisation changed it)
 
 
+class Started(NamedTuple):
+    """A run's ``flow:start`` as stored: the event (read back as the run reads it), its row, and the
+    snapshot it starts."""
+
+    event: FlowStart
+    row: EventRow
+    snapshot: RunSnapshot
+
+
 class Appender:
     """The one way an event joins a run's log: stamp, encode (packing a large payload), apply, fold.
 
@@ -76,6 +88,26 @@ class Appender:
         self.views: dict[str, View] = {}  # node run id -> the state it sees (see RunExecution.submit_patch)
         self.rows: list[EventRow] = []
         self.applied: list[BaseEvent] = []
+
+    @staticmethod
+    def first(draft: FlowStart, run_id: str) -> tuple[FlowStart, EventRow]:
+        """A run's first event: ``draft`` stamped (seq 1, now, run ``run_id``), encoded as it is stored,
+        and read back as the run reads it; and its row."""
+        draft.seq = 1
+        draft.timestamp = int(time.time() * 1000)
+        draft.flowRunId = run_id
+        body = _encode(draft)
+        event = decode(body)
+        assert type(event) is FlowStart
+        return event, (1, draft.timestamp, body)
+
+    @staticmethod
+    def start(flow: CompiledFlow, draft: FlowStart, run_id: str) -> Started:
+        """``first``, and the snapshot the run starts with (the state the flow declares, a copy of its own:
+        the flow document's lists and maps stay the flow's)."""
+        event, row = Appender.first(draft, run_id)
+        snap = initial_snapshot(flow, event)
+        return Started(event, row, replace(snap, state=msgspec.json.decode(msgspec.json.encode(snap.state))))
 
     def agent_runs(self) -> Sequence[AgentRun]:
         """The agent runs changed since the last call (for the next commit)."""

@@ -6,21 +6,19 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import msgspec
 from flowkernel.core.compiler import CompiledFlow
-from flowkernel.core.events import Event, FlowStart, decode, encode
+from flowkernel.core.events import Event, FlowStart
 from flowkernel.core.inputs import check_input
-from flowkernel.core.reducer import initial_snapshot
 from flowkernel.core.snapshot import RunSnapshot
 from flowkernel.errors import StoreError
 from flowkernel.ids import new_run_id, now_ms
+from flowkernel.run.append import Appender
 from flowkernel.run.committer import Committer
 from flowkernel.run.flow_cache import FlowCache
 from flowkernel.run.leases import Leases
 from flowkernel.run.settings import RunSettings
 from flowkernel.store.base import CreateRequest, EventRow, Lease, RunRecord, Store
 from flowkernel.store.checkpoint import encode_checkpoint
-from msgspec.structs import replace
 
 
 class First(NamedTuple):
@@ -35,16 +33,11 @@ class First(NamedTuple):
 
 def first_event(flow: CompiledFlow, run_id: str, value: Any, parent_run_id: str | None,
                 parent_node_run_id: str | None) -> First:
-    """The ``flow:start`` of run ``run_id`` (seq 1), and the snapshot it starts."""
-    start = FlowStart(seq=1, timestamp=now_ms(), flowRunId=run_id, flowName=flow.name, flowHash=flow.hash,
-                      input=value, parentRunId=parent_run_id, parentNodeRunId=parent_node_run_id)
-    body = encode(start)
-    first = decode(body)
-    snap = initial_snapshot(flow, first)  # type: ignore[arg-type]
-    # The initial state's lists and maps are the flow document's: the run gets its own.
-    snap = replace(snap, state=msgspec.json.decode(msgspec.json.encode(snap.state)))
-    skeleton, blobs = encode_checkpoint(snap)
-    return First(first, (1, start.timestamp, body), snap, skeleton, blobs)
+    """The ``flow:start`` of run ``run_id`` (seq 1, through the one append path), and the snapshot it starts."""
+    started = Appender.start(flow, FlowStart(flowName=flow.name, flowHash=flow.hash, input=value,
+                                             parentRunId=parent_run_id, parentNodeRunId=parent_node_run_id), run_id)
+    skeleton, blobs = encode_checkpoint(started.snapshot)
+    return First(started.event, started.row, started.snapshot, skeleton, blobs)
 
 
 class Created(NamedTuple):

@@ -69,6 +69,8 @@ class Reads:
 
     @staticmethod
     def queued_snapshot(flow: CompiledFlow, record: RunRecord) -> RunSnapshot:
+        # A queued run has no event yet: this ``flow:start`` (seq 0) is never stored, it only gives the
+        # snapshot a queued run reads as; the stored one is written when a worker starts it (``Creation``).
         start = FlowStart(seq=0, timestamp=record.createdAt, flowRunId=record.runId, flowName=flow.name,
                           flowHash=flow.hash, input=record.input, parentRunId=record.parentRunId,
                           parentNodeRunId=record.parentNodeRunId)

@@ -48,7 +48,8 @@ from flowkernel.core.reducer import fold
 from flowkernel.core.snapshot import RunSnapshot
 from flowkernel.errors import FlowkernelError, InvalidInputError, LeaseLostError, StoreError
 from flowkernel.history.agent_runs import fold_agent_runs
-from flowkernel.ids import new_run_id, now_ms
+from flowkernel.ids import new_run_id
+from flowkernel.run.append import Appender
 from flowkernel.run.settings import RunSettings
 from flowkernel.store.base import EventRow, Lease, RunRecord, RunTotals, Store
 from flowkernel.store.checkpoint import encode_checkpoint
@@ -285,21 +286,29 @@ async def execute_rerun(kernel: Kernel, rerun_id: str, lease: Lease) -> RunSnaps
     d = report.divergence
     verdict = RerunOutcome(of=of, matches=d is None,
                            divergence=None if d is None else RerunDivergence(kind=d.kind, message=d.message, seq=d.seq))
+    # The log is the one the re-execution appended in memory, copied: its events keep their seq and
+    # timestamp; its first and last are annotated (what it replays, the verdict) before they are stored.
     first, last = events[0], events[-1]
     if isinstance(first, FlowStart):
         first.rerunOf = of
     if isinstance(last, FlowComplete):
         last.rerun = verdict
-    else:
-        events.append(FlowComplete(seq=last.seq + 1, timestamp=now_ms(), flowRunId=rerun_id, status="aborted",
-                                   error=f"a rerun ends where its recording does: the re-execution stopped "
-                                         f"{report.snapshot.status} here", rerun=verdict))
     flows = kernel.flows_of(record)
     started = first.flowHash if isinstance(first, FlowStart) else record.flowHash
     snap = fold(flows(started), events, flows=flows)
+    rows: list[EventRow] = [(e.seq, e.timestamp, encode(e)) for e in events]
+    if not isinstance(last, FlowComplete):  # a new event, appended as every event is
+        end = Appender(flows(snap.flowHash), snap, agents=None, flows=flows)
+        ended, _, _ = end.append(FlowComplete(status="aborted", rerun=verdict,
+                                              error=f"a rerun ends where its recording does: the re-execution "
+                                                    f"stopped {report.snapshot.status} here"))
+        assert isinstance(ended, FlowComplete)
+        events.append(ended)
+        rows += end.rows
+        snap = end.snap
     _copy_history(report.replay, kernel.store, rerun_id)  # before the commit: a reader of its end finds them
     skeleton, blobs = encode_checkpoint(snap)
-    kernel.store.commit(rerun_id, [(e.seq, e.timestamp, encode(e)) for e in events], snap.status, snap.seq,
+    kernel.store.commit(rerun_id, rows, snap.status, snap.seq,
                         snap.error, skeleton, blobs, lease=lease, release=True,
                         totals=RunTotals(usage=dict(snap.usage), totalCostUsd=snap.totalCostUsd),
                         agent_runs=fold_agent_runs(flows(started), events, flows=flows,
@@ -357,11 +366,14 @@ def create_fork(kernel: Kernel, run_id: str, at: int, *, input: dict[str, Any] |
         value = {**value, **input}
     fork_id = new_run_id()
     old, new = run_id.removeprefix("run_"), fork_id.removeprefix("run_")
-    start = FlowStart(seq=1, timestamp=now_ms(), flowRunId=fork_id, flowName=record.flowName,
-                      flowHash=started, input=value, forkedFrom=run_id, forkedAt=at)
-    rows: list[EventRow] = [(1, start.timestamp, encode(start))]
-    copied: list[Event] = [decode(rows[0][2])]
+    start, first_row = Appender.first(FlowStart(flowName=record.flowName, flowHash=started, input=value,
+                                                forkedFrom=run_id, forkedAt=at), fork_id)
+    rows: list[EventRow] = [first_row]
+    copied: list[Event] = [start]
     finished: set[str] = set()
+    # The rest are copies of events the original run stamped and applied: they keep their seq and
+    # timestamp (the fork's history is the original's), so they are re-encoded under the fork's id, not
+    # appended (``Appender.append`` would stamp them anew); the fold below makes the fork's snapshot.
     for ev in events[1:]:
         body = encode(ev).replace(f"ses_{old}".encode(), f"ses_{new}".encode())
         copy = decode(body)
