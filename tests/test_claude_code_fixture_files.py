@@ -35,5 +35,5 @@ def test_a_fifo_named_as_a_claude_code_fixture_is_refused_without_blocking(tmp_p
 
 
 def test_a_missing_claude_code_fixture_says_how_to_record_one(tmp_path: Path) -> None:
-    with pytest.raises(FixtureError, match="no fixture for claude.code node 'fix'.*record"):
+    with pytest.raises(FixtureError, match=r"no fixture for claude\.code node 'fix'.*record"):
         FixtureSessionQuery(tmp_path).calls("fix")
