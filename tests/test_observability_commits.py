@@ -85,21 +85,22 @@ def test_a_stream_of_deltas_is_committed_in_a_few_transactions() -> None:
     assert sum(len(rows) for rows in commits.rows) == len(kernel.events(snap.runId)) - 1
 
 
-def test_compaction_records_wait_for_the_observability_window_like_the_other_agent_events() -> None:
+def test_a_compaction_record_is_committed_at_once_not_in_the_observability_window() -> None:
+    store = MemoryStore()
+    seen_stored: list[bool] = []
+
     async def compacting(ctx: NodeContext) -> str:
-        for i in range(100):
-            ctx.emit(AgentCompaction(tokensBefore=150_000 + i, tokensAfter=900, messagesKept=2))
-            await anyio.sleep(0)
+        ctx.emit(AgentCompaction(tokensBefore=150_000, tokensAfter=900, messagesKept=2))
+        with anyio.fail_after(10):  # the window is an hour: only a prompt commit stores it in time
+            while not any(b'"agent:compaction"' in b for b in store.read_events(ctx.flow_run_id)):
+                await anyio.sleep(0.01)
+        seen_stored.append(True)
         return "done"
 
-    store = MemoryStore()
-    commits = Commits(store)
     kernel = _kernel(store, HOUR_MS, compacting=compacting)
     snap = anyio.run(kernel.run, kernel.compile(flow([py("m", "compacting")])), {})
-    assert snap.status == "completed"
-    assert len(commits.rows) <= 3  # the start, then the records with the node's completion
-    assert [e.tokensBefore for e in kernel.events(snap.runId) if isinstance(e, AgentCompaction)] == \
-        [150_000 + i for i in range(100)]
+    assert snap.status == "completed", snap.error
+    assert seen_stored == [True]
 
 
 def test_a_transition_after_deltas_is_committed_at_once_with_them() -> None:

@@ -17,7 +17,6 @@ from collections.abc import Callable
 import anyio
 import msgspec
 from flowkernel.core.events import (
-    AgentCompaction,
     AgentError,
     AgentText,
     AgentTextDelta,
@@ -44,8 +43,10 @@ CHECKPOINT_MIN_BYTES = 64 * 1024
 # then cost at most half of what the events cost, and resume folds at most that much log.
 CHECKPOINT_SPACING = 2
 # Events that only show what a node is doing: committed at most once per observability window.
+# Not AgentCompaction: the conversation the node resumes from changed there, so it is committed at once
+# (a crash right after a compaction keeps its record).
 OBSERVABILITY = frozenset({AgentTextDelta, AgentThinkingDelta, AgentText, AgentThinking, AgentTool, AgentError,
-                           AgentUsage, AgentCompaction})
+                           AgentUsage})
 
 
 class Durable(msgspec.Struct):
