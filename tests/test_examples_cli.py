@@ -54,11 +54,13 @@ def test_examples_are_listed_from_the_flow_files(env: dict[str, str], tmp_path: 
     assert listed["research"]["command"].startswith("flowkernel --plugin flowkernel.examples.research_tools run ")
     assert listed["hello"]["fixtures"] is None  # no model calls, no fixtures
     assert [e["name"] for e in listed.values() if e["waitsForReply"]] == ["approval", "research"]
+    assert {n: e["extras"] for n, e in listed.items() if e["extras"]} == {"fix-test": ["claude-code"]}
 
     text = flowkernel(env, tmp_path, "examples")
     assert text.returncode == 0
     for entry in listed.values():
         assert entry["description"] in text.stdout and f"$ {entry['command']}" in text.stdout
+    assert "(needs an extra: pip install 'flowkernel[claude-code]')" in text.stdout
 
 
 def test_every_listed_command_runs_from_a_copy_outside_the_repository(env: dict[str, str], tmp_path: Path) -> None:

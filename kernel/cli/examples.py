@@ -35,6 +35,8 @@ def cmd_list(args: argparse.Namespace) -> int:
         lines = []
         for ex in examples:
             lines += [f"{ex.name:<{width}}  {ex.description}", f"{'':<{width}}  $ {ex.command}"]
+            for extra in ex.extras:
+                lines.append(f"{'':<{width}}  (needs an extra: pip install 'flowkernel[{extra}]')")
             if ex.waits_for_reply:
                 lines.append(f"{'':<{width}}  (waits for a reply: the run prints the `flowkernel reply` command)")
         lines += ["", "The commands run from a folder made by `flowkernel examples copy DIR`."]

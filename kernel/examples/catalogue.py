@@ -39,6 +39,7 @@ class Example:
     inputs: dict[str, Any] = field(default_factory=dict)
     plugins: tuple[str, ...] = ()
     waits_for_reply: bool = False
+    extras: tuple[str, ...] = ()  # the optional dependencies its node types need (pip install 'flowkernel[X]')
 
     @property
     def command(self) -> str:
@@ -57,6 +58,7 @@ class Example:
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "description": self.description, "flow": self.flow, "fixtures": self.fixtures,
                 "inputs": self.inputs, "plugins": list(self.plugins), "waitsForReply": self.waits_for_reply,
+                "extras": list(self.extras),
                 "command": self.command}
 
 
@@ -118,8 +120,17 @@ def list_examples() -> list[Example]:
         examples.append(Example(
             name=name, description=str(doc.get("description") or ""), flow=f"flows/{file_name}",
             fixtures=f"fixtures/{stem}" if stem in fixtures else None, inputs=_example_inputs(doc),
-            plugins=PLUGINS.get(name, ()), waits_for_reply=_waits(doc)))
+            plugins=PLUGINS.get(name, ()), waits_for_reply=_waits(doc), extras=_extras(doc)))
     return examples
+
+
+# Node types that need an optional dependency, by the extra that installs it.
+_EXTRA_OF = {"claude.code": "claude-code"}
+
+
+def _extras(document: dict[str, Any]) -> tuple[str, ...]:
+    types = {node.get("type") for node in document.get("nodes") or [] if isinstance(node, dict)}
+    return tuple(sorted({extra for kind, extra in _EXTRA_OF.items() if kind in types}))
 
 
 def _shipped_files() -> Iterator[tuple[PurePosixPath, Traversable]]:
