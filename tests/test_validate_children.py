@@ -85,7 +85,7 @@ def test_every_problem_is_reported_at_once_with_a_duplicate_node_id(tmp_path: Pa
         "flowkernel: flow.json: 4 problems",
         "  $.nodes[1].id: duplicate node id 'a' (first at $.nodes[0])",
         "  $.nodes[3].type: unknown node type 'transfrom'; did you mean 'transform'? (known types: claude.agent, "
-        "flow.call, human.input, noop, python, state.set, transform)",
+        "claude.code, flow.call, human.input, noop, python, state.set, transform)",
         "  $.edges[0].to: no node with id 'nowhere'",
         "  $.nodes[2].input.flow: child flow missing.json: no such flow file",
     ]

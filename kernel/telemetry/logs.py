@@ -25,6 +25,8 @@ LOGGERS = {
     "flowkernel.server.access": "serve: one line per request (client, method, path, status, time)",
     "flowkernel.server.feed": "serve: the event feed could not read new events",
     "flowkernel.regex": "bounded regular expressions: a matcher process that could not be used",
+    "flowkernel.agents.claude_sdk": "claude.code sessions: what the Claude Code CLI said on stderr when its session failed",
+    "flowkernel.agents.mcp": "MCP servers: a tool left out (a name the Messages API does not take), why a server failed (debug)",
 }
 
 
